@@ -1,0 +1,227 @@
+"""FluidRole policy: when to switch a worker's role, and which one (§IV-C2, eqs. 20-23)."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import numpy as np
+
+from fluidpd.core.types import DrainMode, Role, RoleState
+
+
+@dataclass(frozen=True, slots=True)
+class FluidRoleConfig:
+    enabled: bool = True
+    ppi_low: float = 0.6
+    ppi_high: float = 1.0
+    dpi_load_high: float = 0.6
+    dpi_adm_high: float = 0.2
+    #: Seconds between control observations.
+    interval_s: float = 1.0
+    #: Observation window for PPI^95 (eq. 20).
+    window_s: float = 10.0
+    percentile: float = 95.0
+    #: Consecutive agreeing intervals before a switch is committed.
+    n_persist: int = 3
+    #: Quiet time after a switch completes before another is considered.
+    cooldown_s: float = 5.0
+    #: Longer quiet time before switching back the opposite way (beyond the paper; like the
+    #: HPA's scale-down stabilization window): under bursty load, capacity moved towards the
+    #: phase that just starved should not leave again in the next lull.
+    reversal_cooldown_s: float = 300.0
+    min_prefill: int = 1
+    min_decode: int = 1
+    #: D->P drain: ``migrate`` (our default) or the paper's ``wait``.
+    drain_mode: DrainMode = DrainMode.MIGRATE
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.ppi_low <= self.ppi_high:
+            raise ValueError("need 0 <= ppi_low <= ppi_high")
+        if self.interval_s <= 0 or self.window_s < self.interval_s:
+            raise ValueError("need 0 < interval_s <= window_s")
+        if self.n_persist < 1 or self.cooldown_s < 0 or self.reversal_cooldown_s < 0:
+            raise ValueError("need n_persist >= 1 and non-negative cooldowns")
+        if self.min_prefill < 1 or self.min_decode < 1:
+            raise ValueError("each role keeps at least one worker")
+        if not 0 < self.percentile <= 100:
+            raise ValueError("percentile must be in (0, 100]")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSignals:
+    """What the controller reads from one worker each interval (a /pressure report)."""
+
+    worker: str
+    role: Role
+    state: RoleState
+    queue_ppi: float = 0.0
+    dpi_load: float = 0.0
+    dpi_adm: float = 0.0
+    #: Drain-cost proxies: seconds of remaining prefill work plus pending transfers for a
+    #: prefill worker (P->D); active decode requests for a decode worker (D->P).
+    drain_cost: float = 0.0
+
+
+class Recommendation(StrEnum):
+    NONE = "none"
+    D_TO_P = "decode->prefill"
+    P_TO_D = "prefill->decode"
+    #: Both phases are pressured: moving capacity would only move the bottleneck.
+    NEEDS_CAPACITY = "needs-capacity"
+
+
+@dataclass(frozen=True, slots=True)
+class PoolPressure:
+    ppi_bar: float
+    dpi_load_bar: float
+    dpi_adm_bar: float
+
+
+@dataclass(frozen=True, slots=True)
+class SwitchDecision:
+    worker: str
+    source: Role
+    target: Role
+    drain_mode: DrainMode
+    pressure: PoolPressure
+
+
+def windowed_percentile(samples: Iterable[float], percentile: float) -> float:
+    """PPI^95(p): the given percentile of one worker's queue PPI over the window (eq. 20)."""
+    values = np.fromiter(samples, dtype=np.float64)
+    if values.size == 0:
+        return 0.0
+    return float(np.percentile(values, percentile))
+
+
+def prefill_pool_pressure(per_worker_percentiles: Iterable[float]) -> float:
+    """PPI-bar = max over prefill workers of PPI^95(p), eq. (20)."""
+    return max(per_worker_percentiles, default=0.0)
+
+
+def decode_pool_pressure(loads: Sequence[float], adms: Sequence[float]) -> tuple[float, float]:
+    """(DPI-bar_load, DPI-bar_adm): decode-pool averages, eq. (21)."""
+    if not loads:
+        return 0.0, 0.0
+    return sum(loads) / len(loads), sum(adms) / len(adms)
+
+
+def wants_decode_to_prefill(p: PoolPressure, cfg: FluidRoleConfig) -> bool:
+    """PPI-bar > PPI^high and DPI-bar_load < DPI_load^high, eq. (22)."""
+    return p.ppi_bar > cfg.ppi_high and p.dpi_load_bar < cfg.dpi_load_high
+
+
+def wants_prefill_to_decode(p: PoolPressure, cfg: FluidRoleConfig) -> bool:
+    """DPI-bar_adm > DPI_adm^high and PPI-bar < PPI^low, eq. (23)."""
+    return p.dpi_adm_bar > cfg.dpi_adm_high and p.ppi_bar < cfg.ppi_low
+
+
+def recommend(p: PoolPressure, cfg: FluidRoleConfig) -> Recommendation:
+    """The switch (or capacity request) the current pool pressure calls for."""
+    if wants_decode_to_prefill(p, cfg):
+        return Recommendation.D_TO_P
+    if wants_prefill_to_decode(p, cfg):
+        return Recommendation.P_TO_D
+    if p.ppi_bar > cfg.ppi_high and p.dpi_load_bar >= cfg.dpi_load_high:
+        return Recommendation.NEEDS_CAPACITY
+    return Recommendation.NONE
+
+
+@dataclass(slots=True)
+class FluidRolePolicy:
+    """Stateful FluidRole controller logic; the harness feeds it one observation per interval.
+
+    It keeps each prefill worker's PPI window, counts consecutive agreeing recommendations,
+    enforces one switch at a time, the cooldown and the per-role minimums, and picks the
+    cheapest-to-drain candidate.
+    """
+
+    cfg: FluidRoleConfig = field(default_factory=FluidRoleConfig)
+    _windows: dict[str, deque[tuple[float, float]]] = field(default_factory=dict)
+    _streak: int = 0
+    _last: Recommendation = Recommendation.NONE
+    _cooldown_until: float = float("-inf")
+    _last_switch_end: float = float("-inf")
+    _last_direction: Recommendation = Recommendation.NONE
+    _switching: str | None = None
+    last_pressure: PoolPressure = PoolPressure(0.0, 0.0, 0.0)
+    last_recommendation: Recommendation = Recommendation.NONE
+
+    def _record(self, now: float, workers: Sequence[WorkerSignals]) -> PoolPressure:
+        horizon = now - self.cfg.window_s
+        percentiles: list[float] = []
+        live = set()
+        for w in workers:
+            if w.role is not Role.PREFILL or w.state is not RoleState.ACTIVE:
+                continue
+            live.add(w.worker)
+            window = self._windows.setdefault(w.worker, deque())
+            window.append((now, w.queue_ppi))
+            while window and window[0][0] <= horizon:
+                window.popleft()
+            percentiles.append(windowed_percentile((v for _, v in window), self.cfg.percentile))
+        for gone in set(self._windows) - live:
+            del self._windows[gone]
+        decode = [w for w in workers if w.role is Role.DECODE and w.state is RoleState.ACTIVE]
+        load, adm = decode_pool_pressure([w.dpi_load for w in decode], [w.dpi_adm for w in decode])
+        return PoolPressure(prefill_pool_pressure(percentiles), load, adm)
+
+    def observe(
+        self, now: float, workers: Sequence[WorkerSignals]
+    ) -> SwitchDecision | Recommendation:
+        """One control interval. Returns a committed switch, or the standing recommendation.
+
+        ``Recommendation.NEEDS_CAPACITY`` is returned once it has persisted ``n_persist``
+        intervals; it is advice for an autoscaler, not an action of FluidRole.
+        """
+        pressure = self._record(now, workers)
+        self.last_pressure = pressure
+        rec = recommend(pressure, self.cfg)
+        self.last_recommendation = rec
+        self._streak = self._streak + 1 if rec is self._last else 1
+        self._last = rec
+        if rec is Recommendation.NONE or self._streak < self.cfg.n_persist:
+            return Recommendation.NONE
+        if rec is Recommendation.NEEDS_CAPACITY:
+            return rec
+        if not self.cfg.enabled or self._switching is not None or now < self._cooldown_until:
+            return Recommendation.NONE
+        if any(w.state is not RoleState.ACTIVE for w in workers):
+            return Recommendation.NONE
+        reversal = self._last_direction not in (Recommendation.NONE, rec)
+        if reversal and now < self._last_switch_end + self.cfg.reversal_cooldown_s:
+            return Recommendation.NONE
+        source = Role.DECODE if rec is Recommendation.D_TO_P else Role.PREFILL
+        candidate = self.pick_candidate(workers, source)
+        if candidate is None:
+            return Recommendation.NONE
+        self._switching = candidate.worker
+        self._last_direction = rec
+        self._streak = 0
+        mode = self.cfg.drain_mode if source is Role.DECODE else DrainMode.WAIT
+        return SwitchDecision(candidate.worker, source, source.other, mode, pressure)
+
+    def pick_candidate(
+        self, workers: Sequence[WorkerSignals], source: Role
+    ) -> WorkerSignals | None:
+        """The cheapest-to-drain Active worker of ``source``, if the role can spare one."""
+        pool = [w for w in workers if w.role is source and w.state is RoleState.ACTIVE]
+        keep = self.cfg.min_prefill if source is Role.PREFILL else self.cfg.min_decode
+        if len(pool) <= keep:
+            return None
+        return min(pool, key=lambda w: (w.drain_cost, w.worker))
+
+    def switch_finished(self, worker: str, now: float) -> None:
+        """The harness reports the committed switch is done; the cooldown starts now."""
+        if self._switching == worker:
+            self._switching = None
+        self._cooldown_until = now + self.cfg.cooldown_s
+        self._last_switch_end = now
+        self._windows.pop(worker, None)
+
+    @property
+    def switching(self) -> str | None:
+        return self._switching

@@ -1,0 +1,215 @@
+"""Latency predictors (paper eqs. 2, 13, 16) and their online recalibration.
+
+All times are seconds. The paper calibrates linear models offline per model x GPU (§V-G); we
+also offer an optional quadratic term for long prompts (attention grows with L^2) and online
+recalibration by recursive least squares, the paper's stated next step (§V-A).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import overload
+
+import numpy as np
+import numpy.typing as npt
+
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillPredictor:
+    """T_pre(L) = c2 L^2 + c1 L + c0 (eq. 2; c2 = 0 is the paper's linear model)."""
+
+    c1: float
+    c0: float
+    c2: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (self.c1 > 0 and self.c0 >= 0 and self.c2 >= 0):
+            raise ValueError("prefill predictor needs c1 > 0, c0 >= 0, c2 >= 0")
+
+    @overload
+    def time(self, length: float) -> float: ...
+    @overload
+    def time(self, length: FloatArray) -> FloatArray: ...
+    def time(self, length: float | FloatArray) -> float | FloatArray:
+        """Predicted prefill latency of a prompt (or prefix) of ``length`` tokens, eq. (2).
+
+        Works on scalars and on numpy arrays. The value at 0 is c0: the planner keeps it so
+        that stealing stays affine in the stolen tokens (conservative for fully stolen
+        requests, which in fact skip the prefill worker).
+        """
+        return (self.c2 * length + self.c1) * length + self.c0
+
+
+@dataclass(frozen=True, slots=True)
+class SuffixPredictor:
+    """T_sfx(x) for an extend pass of x suffix tokens on a decode worker (§IV-B3)."""
+
+    s1: float
+    s0: float
+    s2: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (self.s1 > 0 and self.s0 >= 0 and self.s2 >= 0):
+            raise ValueError("suffix predictor needs s1 > 0, s0 >= 0, s2 >= 0")
+
+    def time(self, tokens: float) -> float:
+        """Predicted extend latency of a suffix of ``tokens`` tokens (0 for no suffix)."""
+        if tokens <= 0:
+            return 0.0
+        return (self.s2 * tokens + self.s1) * tokens + self.s0
+
+    def max_tokens(self, budget_s: float) -> int:
+        """Inverse suffix predictor, eq. (16): the longest suffix whose time fits ``budget_s``.
+
+        Returns the largest integer x with T_sfx(x) <= budget_s (0 if even one token does not
+        fit).
+        """
+        if budget_s < self.s0 + self.s1 + self.s2:
+            return 0
+        rest = budget_s - self.s0
+        if self.s2 == 0.0:
+            x = rest / self.s1
+        else:
+            x = (-self.s1 + math.sqrt(self.s1 * self.s1 + 4.0 * self.s2 * rest)) / (2.0 * self.s2)
+        n = math.floor(x + 1e-9)
+        # Guard against float rounding at the boundary.
+        while n > 0 and self.time(n) > budget_s + 1e-12:
+            n -= 1
+        return n
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeIterPredictor:
+    """T_iter(N, C) = aC C + aN N + a0 (eq. 13)."""
+
+    a_c: float
+    a_n: float
+    a_0: float
+
+    def __post_init__(self) -> None:
+        if not (self.a_c >= 0 and self.a_n >= 0 and self.a_0 > 0):
+            raise ValueError("decode predictor needs aC >= 0, aN >= 0, a0 > 0")
+
+    def time(self, batch: int, context_tokens: int) -> float:
+        """Predicted latency of one decode iteration, eq. (13)."""
+        return self.a_c * context_tokens + self.a_n * batch + self.a_0
+
+    def max_batch(self, tpot_slo: float, mean_context: float) -> int:
+        """N_TPOT: the largest batch whose iteration meets ``tpot_slo`` (used by eq. 7).
+
+        Solves aC (N * mean_context) + aN N + a0 <= tpot_slo for N.
+        """
+        per_request = self.a_c * mean_context + self.a_n
+        room = tpot_slo - self.a_0
+        if room <= 0:
+            return 0
+        if per_request <= 0:
+            return 1 << 30
+        return max(0, math.floor(room / per_request + 1e-9))
+
+
+@dataclass(slots=True)
+class RecursiveLeastSquares:
+    """Exponentially-weighted recursive least squares for y ~ theta . x.
+
+    A forgetting factor below 1 lets the fit follow drift (thermal throttling, a different
+    kernel path after an upgrade) while old samples fade.
+    """
+
+    theta: FloatArray
+    forgetting: float = 0.995
+    p: FloatArray = field(init=False)
+    samples: int = 0
+
+    def __post_init__(self) -> None:
+        # A moderate prior keeps the start close to the offline profile.
+        self.p = np.eye(len(self.theta)) * 1e2
+
+    def update(self, x: FloatArray, y: float) -> None:
+        px = self.p @ x
+        gain = px / (self.forgetting + float(x @ px))
+        self.theta = self.theta + gain * (y - float(x @ self.theta))
+        self.p = (self.p - np.outer(gain, px)) / self.forgetting
+        self.samples += 1
+
+
+@dataclass(slots=True)
+class OnlineCalibrator:
+    """Refits the three predictors from observed step times (adaptive mode).
+
+    Features are scaled to keep the RLS well conditioned (tokens in thousands, seconds in
+    milliseconds). Until ``min_samples`` observations of a kind arrive, the offline
+    coefficients stay in force; refitted coefficients are clamped to the physically sensible
+    range so a burst of noise can never make a predictor negative.
+    """
+
+    prefill: PrefillPredictor
+    suffix: SuffixPredictor
+    decode: DecodeIterPredictor
+    min_samples: int = 20
+    forgetting: float = 0.995
+    _pre: RecursiveLeastSquares = field(init=False)
+    _sfx: RecursiveLeastSquares = field(init=False)
+    _dec: RecursiveLeastSquares = field(init=False)
+
+    def __post_init__(self) -> None:
+        p, s, d = self.prefill, self.suffix, self.decode
+        self._pre = RecursiveLeastSquares(
+            np.array([p.c2 * 1e9, p.c1 * 1e6, p.c0 * 1e3]), self.forgetting
+        )
+        self._sfx = RecursiveLeastSquares(np.array([s.s1 * 1e6, s.s0 * 1e3]), self.forgetting)
+        self._dec = RecursiveLeastSquares(
+            np.array([d.a_c * 1e6, d.a_n * 1e3, d.a_0 * 1e3]), self.forgetting
+        )
+
+    def observe_prefill(self, tokens: int, seconds: float) -> PrefillPredictor:
+        k = tokens / 1e3
+        self._pre.update(np.array([k * k, k, 1.0]), seconds * 1e3)
+        if self._pre.samples >= self.min_samples:
+            c2, c1, c0 = self._pre.theta
+            self.prefill = replace(
+                self.prefill,
+                c2=max(0.0, c2) * 1e-9,
+                c1=max(1e-9, c1) * 1e-6,
+                c0=max(0.0, c0) * 1e-3,
+            )
+        return self.prefill
+
+    def observe_suffix(self, tokens: int, seconds: float) -> SuffixPredictor:
+        self._sfx.update(np.array([tokens / 1e3, 1.0]), seconds * 1e3)
+        if self._sfx.samples >= self.min_samples:
+            s1, s0 = self._sfx.theta
+            self.suffix = replace(self.suffix, s1=max(1e-9, s1) * 1e-6, s0=max(0.0, s0) * 1e-3)
+        return self.suffix
+
+    def observe_decode(
+        self, batch: int, context_tokens: int, seconds: float
+    ) -> DecodeIterPredictor:
+        self._dec.update(np.array([context_tokens / 1e3, batch, 1.0]), seconds * 1e3)
+        if self._dec.samples >= self.min_samples:
+            a_c, a_n, a_0 = self._dec.theta
+            self.decode = replace(
+                self.decode,
+                a_c=max(0.0, a_c) * 1e-6,
+                a_n=max(0.0, a_n) * 1e-3,
+                a_0=max(1e-6, a_0) * 1e-3,
+            )
+        return self.decode
+
+
+@dataclass(frozen=True, slots=True)
+class TransferModel:
+    """KV hand-off time = bytes / bandwidth + base latency."""
+
+    bandwidth: float
+    base_latency: float
+
+    def __post_init__(self) -> None:
+        if not (self.bandwidth > 0 and self.base_latency >= 0):
+            raise ValueError("transfer model needs bandwidth > 0 and base latency >= 0")
+
+    def time(self, nbytes: int) -> float:
+        return nbytes / self.bandwidth + self.base_latency

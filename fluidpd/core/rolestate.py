@@ -1,0 +1,47 @@
+"""FluidRole's per-worker role state machine: Active -> Drain -> Switch -> Active (Fig. 8)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fluidpd.core.types import Role, RoleState
+
+
+class IllegalTransition(ValueError):
+    """A role-state transition the state machine does not allow."""
+
+
+@dataclass(slots=True)
+class RoleStateMachine:
+    role: Role
+    state: RoleState = RoleState.ACTIVE
+    target: Role | None = None
+    #: Time the current state was entered (the caller's clock).
+    since: float = 0.0
+
+    def begin_drain(self, target: Role, now: float) -> None:
+        """Active(role) -> Drain, heading for ``target``."""
+        if self.state is not RoleState.ACTIVE:
+            raise IllegalTransition(f"cannot start a switch while {self.state.value}")
+        if target is self.role:
+            raise IllegalTransition(f"worker is already {self.role.value}")
+        self.state, self.target, self.since = RoleState.DRAIN, target, now
+
+    def begin_switch(self, now: float) -> None:
+        """Drain -> Switch (the worker has reached a safe boundary)."""
+        if self.state is not RoleState.DRAIN:
+            raise IllegalTransition(f"cannot switch from {self.state.value}; drain first")
+        self.state, self.since = RoleState.SWITCH, now
+
+    def complete(self, now: float) -> Role:
+        """Switch -> Active(target); returns the new role."""
+        if self.state is not RoleState.SWITCH or self.target is None:
+            raise IllegalTransition(f"cannot complete a switch from {self.state.value}")
+        self.role, self.target = self.target, None
+        self.state, self.since = RoleState.ACTIVE, now
+        return self.role
+
+    @property
+    def accepting(self) -> bool:
+        """Only an Active worker takes new work."""
+        return self.state is RoleState.ACTIVE

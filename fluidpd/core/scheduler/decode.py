@@ -1,0 +1,348 @@
+"""Decode side: KV reservation before prefill, continuous batching, stolen-suffix extends."""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass, field
+
+from fluidpd.core.fluidtoken import (
+    FluidTokenConfig,
+    max_admissible_suffix,
+    steal_budget,
+    tpot_slack,
+)
+from fluidpd.core.predictors import DecodeIterPredictor, SuffixPredictor, TransferModel
+from fluidpd.core.scheduler.messages import Finished, FirstToken, Message, Reroute, Reserved
+from fluidpd.core.signals import allocatable_kv, dpi_adm, dpi_load
+from fluidpd.core.types import SLO, Request
+
+
+@dataclass(slots=True)
+class _Slot:
+    """An active request in the running batch."""
+
+    req: Request
+    joined: int  # completed-iteration count when it joined
+    gen0: int  # tokens generated when it joined
+
+    def generated(self, iteration: int) -> int:
+        return self.gen0 + (iteration - self.joined)
+
+    @property
+    def finish_iteration(self) -> int:
+        return self.joined + self.req.max_new_tokens - self.gen0
+
+
+@dataclass(slots=True)
+class DecodeBatch:
+    batch: int
+    context: int
+    suffix: list[Request]
+    predicted_s: float
+    start: float
+
+
+def slack_bank_update(bank: float, tpot_slo: float, iteration_s: float, cap: float) -> float:
+    """Stream-level TPOT slack after an iteration of ``iteration_s`` seconds.
+
+    The paper lets a stolen suffix borrow up to eta times one iteration's slack "accumulated
+    across multiple decode iterations" (eq. 15). We keep that account explicitly: every
+    iteration adds S_TPOT minus its duration (negative after a long suffix iteration), capped
+    at ``cap``; a suffix may run only while the account is not in debt, so a steady flow of
+    stolen work cannot push every stream's average past S_TPOT.
+    """
+    return min(cap, bank + tpot_slo - iteration_s)
+
+
+@dataclass(slots=True)
+class DecodeSide:
+    worker_id: str
+    slo: SLO
+    decode: DecodeIterPredictor
+    suffix: SuffixPredictor
+    transfer: TransferModel
+    kv_capacity: int
+    kv_bytes_per_token: int
+    max_running: int
+    reserve_output_clip: int
+    token_cfg: FluidTokenConfig
+    outbox: list[Message]
+    #: Waiting for KV (SGLang's prealloc queue), FIFO.
+    prealloc: deque[Request] = field(default_factory=deque)
+    #: KV reserved, hand-off not finished.
+    reserved: dict[int, Request] = field(default_factory=dict)
+    #: Hand-off finished, stolen suffix waiting for an eligible iteration.
+    ready: deque[Request] = field(default_factory=deque)
+    #: Hand-off finished (first token out), joins the batch at the next iteration.
+    joining: list[Request] = field(default_factory=list)
+    #: Migrated in, KV reserved, waiting for its KV to arrive.
+    migrating_in: dict[int, tuple[Request, int]] = field(default_factory=dict)
+    active: dict[int, _Slot] = field(default_factory=dict)
+    _finish_heap: list[tuple[int, int]] = field(default_factory=list)
+    #: Committed KV tokens per held request (prompt + clipped output).
+    commits: dict[int, int] = field(default_factory=dict)
+    committed: int = 0
+    #: Suffix tokens prefill workers committed to us and we have not run yet, per request.
+    suffix_of: dict[int, int] = field(default_factory=dict)
+    pending_suffix_tokens: int = 0
+    iteration: int = 0
+    context: int = 0
+    running: DecodeBatch | None = None
+    bank: float = 0.0
+    admitting: bool = True
+    migrate_on_drain: bool = False
+    stolen_tokens: int = 0
+
+    # -- KV admission -------------------------------------------------------------------------
+    def commitment(self, req: Request) -> int:
+        return min(
+            self.kv_capacity, req.prompt_len + min(req.max_new_tokens, self.reserve_output_clip)
+        )
+
+    @property
+    def held(self) -> int:
+        return len(self.commits)
+
+    def _hold(self, req: Request) -> bool:
+        need = self.commitment(req)
+        if self.held >= self.max_running or self.committed + need > self.kv_capacity:
+            return False
+        self.commits[req.rid] = need
+        self.committed += need
+        return True
+
+    def _release(self, rid: int) -> None:
+        self.committed -= self.commits.pop(rid, 0)
+        tokens = self.suffix_of.pop(rid, 0)
+        self.pending_suffix_tokens -= tokens
+
+    def add(self, req: Request) -> None:
+        """A request was paired with this worker: queue it for KV reservation."""
+        req.decode_worker = self.worker_id
+        self.prealloc.append(req)
+        self.admit()
+
+    def admit(self) -> None:
+        """Reserve KV for queued requests in FIFO order while capacity lasts (SGLang prealloc)."""
+        while self.admitting and self.prealloc:
+            req = self.prealloc[0]
+            if not self._hold(req):
+                return
+            self.prealloc.popleft()
+            self.reserved[req.rid] = req
+            self.outbox.append(Reserved(req.rid, req.prefill_worker, self.worker_id))
+
+    def suffix_committed(self, rid: int, tokens: int) -> None:
+        if rid in self.reserved and tokens > 0:
+            self.suffix_of[rid] = self.suffix_of.get(rid, 0) + tokens
+            self.pending_suffix_tokens += tokens
+
+    # -- hand-off -----------------------------------------------------------------------------
+    def handoff_done(self, rid: int, prefix_tokens: int, now: float) -> None:
+        """The prefix KV has arrived; either run the suffix or join the batch."""
+        req = self.reserved.pop(rid, None)
+        if req is None:
+            return
+        req.stolen = req.prompt_len - prefix_tokens
+        if req.stolen > 0:
+            self.ready.append(req)
+            return
+        self._first_token(req, now)
+        if req.max_new_tokens > 1:
+            self.joining.append(req)
+
+    def _first_token(self, req: Request, now: float) -> None:
+        req.first_token_t = now
+        self.outbox.append(FirstToken(req.rid, now))
+        if req.max_new_tokens <= 1:
+            req.finish_t = now
+            self._release(req.rid)
+            self.outbox.append(Finished(req.rid, now))
+            self.admit()
+
+    def _join(self, req: Request, generated: int) -> None:
+        slot = _Slot(req, self.iteration, generated)
+        self.active[req.rid] = slot
+        self.context += req.prompt_len + generated
+        heapq.heappush(self._finish_heap, (slot.finish_iteration, req.rid))
+
+    # -- iterations ---------------------------------------------------------------------------
+    @property
+    def bank_cap(self) -> float:
+        return max(0.0, (self.token_cfg.eta - 1.0) * self.slo.tpot)
+
+    def next_batch(self, now: float) -> DecodeBatch | None:
+        if self.running is not None:
+            return None
+        for req in self.joining:
+            self._join(req, 1)
+        self.joining.clear()
+        n, ctx = len(self.active), self.context
+        if n == 0:
+            self.bank = self.bank_cap
+        suffix: list[Request] = []
+        suffix_s = 0.0
+        if self.ready and self.bank >= 0:
+            allow = self.token_cfg.eta * tpot_slack(self.slo.tpot, self.decode, n, ctx)
+            while self.ready:
+                t = self.suffix.time(self.ready[0].stolen)
+                if suffix and suffix_s + t > allow:
+                    break
+                suffix.append(self.ready.popleft())
+                suffix_s += t
+        if n == 0 and not suffix:
+            return None
+        predicted = (self.decode.time(n, ctx) if n else 0.0) + suffix_s
+        self.running = DecodeBatch(n, ctx, suffix, predicted, now)
+        return self.running
+
+    def finish_batch(self, batch: DecodeBatch, now: float, measured_s: float) -> None:
+        if self.running is not batch:
+            raise ValueError("finish_batch for a batch this worker is not running")
+        self.running = None
+        self.iteration += 1
+        self.context += batch.batch
+        heap = self._finish_heap
+        while heap and heap[0][0] <= self.iteration:
+            due, rid = heapq.heappop(heap)
+            slot = self.active.get(rid)
+            if slot is None or slot.finish_iteration != due:
+                continue  # cancelled, finished early or migrated
+            del self.active[rid]
+            self.context -= slot.req.prompt_len + slot.generated(self.iteration)
+            slot.req.finish_t = now
+            self._release(rid)
+            self.outbox.append(Finished(rid, now))
+        for req in batch.suffix:
+            self.stolen_tokens += req.stolen
+            self.pending_suffix_tokens -= self.suffix_of.pop(req.rid, 0)
+            self._first_token(req, now)
+            if req.max_new_tokens > 1:
+                self._join(req, 1)
+        if batch.batch:
+            self.bank = slack_bank_update(self.bank, self.slo.tpot, measured_s, self.bank_cap)
+        self.admit()
+
+    def finish_early(self, rid: int, now: float) -> None:
+        """An engine saw EOS before max_new_tokens: the request leaves at this boundary."""
+        slot = self.active.pop(rid, None)
+        if slot is None:
+            return
+        self.context -= slot.req.prompt_len + slot.generated(self.iteration)
+        slot.req.finish_t = now
+        self._release(rid)
+        self.outbox.append(Finished(rid, now))
+        self.admit()
+
+    def cancel(self, rid: int) -> Request | None:
+        """Drop a request wherever it is (timeout, client abort, re-pairing)."""
+        found: Request | None = None
+        for i, r in enumerate(self.prealloc):
+            if r.rid == rid:
+                del self.prealloc[i]
+                return r
+        if rid in self.reserved:
+            found = self.reserved.pop(rid)
+        elif rid in self.migrating_in:
+            found = self.migrating_in.pop(rid)[0]
+        elif rid in self.active:
+            slot = self.active.pop(rid)
+            self.context -= slot.req.prompt_len + slot.generated(self.iteration)
+            found = slot.req
+        else:
+            for q in (self.ready, self.joining):
+                for i, r in enumerate(q):
+                    if r.rid == rid:
+                        del q[i]
+                        found = r
+                        break
+        if found is not None:
+            self._release(rid)
+            self.admit()
+        return found
+
+    # -- migration (drain mode "migrate") -----------------------------------------------------
+    def detach(self, rid: int) -> tuple[Request, int]:
+        """Remove an active request to move it elsewhere; call only between iterations."""
+        if self.running is not None:
+            raise ValueError("detach during an iteration")
+        slot = self.active.pop(rid)
+        generated = slot.generated(self.iteration)
+        self.context -= slot.req.prompt_len + generated
+        self._release(rid)
+        return slot.req, generated
+
+    def adopt(self, req: Request, generated: int) -> bool:
+        """Reserve KV for a request migrating in; False if it does not fit."""
+        if not self._hold(req):
+            return False
+        req.decode_worker = self.worker_id
+        self.migrating_in[req.rid] = (req, generated)
+        return True
+
+    def activate(self, rid: int) -> None:
+        """The migrated KV has arrived: the request joins the next iteration."""
+        entry = self.migrating_in.pop(rid, None)
+        if entry is not None:
+            self._join(*entry)
+
+    def migration_bytes(self, req: Request, generated: int) -> int:
+        return (req.prompt_len + generated) * self.kv_bytes_per_token
+
+    # -- FluidRole ----------------------------------------------------------------------------
+    def begin_drain(self, migrate: bool) -> None:
+        """D->P drain: stop admitting; not-yet-reserved requests go back for re-pairing."""
+        self.admitting = False
+        self.migrate_on_drain = migrate
+        for req in self.prealloc:
+            self.outbox.append(Reroute(req, self.worker_id))
+        self.prealloc.clear()
+
+    @property
+    def drained(self) -> bool:
+        return (
+            self.running is None
+            and not self.prealloc
+            and not self.reserved
+            and not self.ready
+            and not self.joining
+            and not self.migrating_in
+            and not self.active
+        )
+
+    def drain_cost(self) -> float:
+        """D->P drain-cost proxy: requests this worker must still serve (the paper's count)."""
+        return float(self.held)
+
+    # -- signals ------------------------------------------------------------------------------
+    def n_tpot(self) -> int:
+        n = len(self.active)
+        mean_ctx = self.context / n if n else 0.0
+        return min(self.max_running, self.decode.max_batch(self.slo.tpot, mean_ctx))
+
+    def dpi_load(self) -> float:
+        return dpi_load(self.context, self.kv_capacity, len(self.active), self.n_tpot())
+
+    def allocatable(self) -> int:
+        active = self.context
+        reserved = max(0, self.committed - active)
+        return allocatable_kv(self.kv_capacity, active, reserved)
+
+    def dpi_adm(self) -> float:
+        return dpi_adm(self.allocatable(), self.kv_capacity)
+
+    def steal_budget(self, n_prefill: int) -> float:
+        """Per-prefill-worker stealing budget this worker advertises (eqs. 12-17).
+
+        Suffix tokens already committed to us but not yet run are subtracted from the eq. (16)
+        bound, so that budgets refreshed every prefill iteration cannot pile up more stolen
+        work than one eligible iteration can absorb.
+        """
+        if not self.admitting:
+            return 0.0
+        n, ctx = len(self.active), self.context
+        slack = tpot_slack(self.slo.tpot, self.decode, n, ctx)
+        room = max_admissible_suffix(slack, self.token_cfg.eta, self.suffix)
+        room = max(0, room - self.pending_suffix_tokens)
+        return steal_budget(self.dpi_load(), room, n_prefill, self.token_cfg.dpi_load_high)

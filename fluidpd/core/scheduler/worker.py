@@ -1,0 +1,209 @@
+"""One worker: both sides, one role at a time, switched in place (FluidRole, §IV-C1)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fluidpd.core.fluidrole import WorkerSignals
+from fluidpd.core.fluidtoken import FluidTokenConfig
+from fluidpd.core.predictors import OnlineCalibrator
+from fluidpd.core.profile import Profile
+from fluidpd.core.rolestate import RoleStateMachine
+from fluidpd.core.scheduler.decode import DecodeBatch, DecodeSide
+from fluidpd.core.scheduler.messages import Message
+from fluidpd.core.scheduler.prefill import BudgetSource, PrefillBatch, PrefillSide
+from fluidpd.core.types import SLO, DrainMode, Role, RoleState
+
+Batch = PrefillBatch | DecodeBatch
+
+
+@dataclass(slots=True)
+class Pressure:
+    """A worker's pressure report (what a sidecar serves at ``GET /pressure``)."""
+
+    worker: str
+    role: Role
+    state: RoleState
+    target: Role | None
+    queue_ppi: float
+    queue_len: int
+    dpi_load: float
+    dpi_adm: float
+    batch: int
+    kv_used: int
+    kv_reserved: int
+    kv_capacity: int
+    steal_budget: float
+    drain_cost: float
+
+    def signals(self) -> WorkerSignals:
+        return WorkerSignals(
+            self.worker,
+            self.role,
+            self.state,
+            self.queue_ppi,
+            self.dpi_load,
+            self.dpi_adm,
+            self.drain_cost,
+        )
+
+
+@dataclass(slots=True)
+class Worker:
+    """A serving worker. The object (and whatever engine a harness hangs on it) survives every
+    role switch; only which side is scheduling changes.
+
+    ``adaptive`` turns on online recalibration of the predictors from measured step times.
+    """
+
+    worker_id: str
+    role_sm: RoleStateMachine
+    prefill: PrefillSide
+    decode: DecodeSide
+    calibrator: OnlineCalibrator
+    adaptive: bool = False
+    outbox: list[Message] = field(default_factory=list)
+
+    @classmethod
+    def create(
+        cls,
+        worker_id: str,
+        role: Role,
+        profile: Profile,
+        slo: SLO,
+        token_cfg: FluidTokenConfig,
+        adaptive: bool = False,
+        now: float = 0.0,
+    ) -> Worker:
+        outbox: list[Message] = []
+        pre, sfx, dec = (
+            profile.prefill_predictor(),
+            profile.suffix_predictor(),
+            profile.decode_predictor(),
+        )
+        transfer = profile.transfer_model()
+        prefill = PrefillSide(
+            worker_id, slo, pre, sfx, profile.kv.bytes_per_token, transfer, token_cfg, outbox
+        )
+        decode = DecodeSide(
+            worker_id,
+            slo,
+            dec,
+            sfx,
+            transfer,
+            profile.kv.capacity_tokens,
+            profile.kv.bytes_per_token,
+            profile.max_running_requests,
+            profile.kv.reserve_output_clip,
+            token_cfg,
+            outbox,
+        )
+        return cls(
+            worker_id,
+            RoleStateMachine(role, since=now),
+            prefill,
+            decode,
+            OnlineCalibrator(pre, sfx, dec),
+            adaptive,
+            outbox,
+        )
+
+    @property
+    def role(self) -> Role:
+        return self.role_sm.role
+
+    @property
+    def state(self) -> RoleState:
+        return self.role_sm.state
+
+    @property
+    def accepting(self) -> bool:
+        return self.role_sm.accepting
+
+    def take_outbox(self) -> list[Message]:
+        out = list(self.outbox)
+        self.outbox.clear()
+        return out
+
+    # -- scheduling ---------------------------------------------------------------------------
+    def next_batch(self, now: float, budgets: BudgetSource | None = None) -> Batch | None:
+        if self.state is RoleState.SWITCH:
+            return None
+        if self.role is Role.PREFILL:
+            return self.prefill.next_batch(now, budgets)
+        return self.decode.next_batch(now)
+
+    def finish_batch(self, batch: Batch, now: float, measured_s: float) -> None:
+        if isinstance(batch, PrefillBatch):
+            self.prefill.finish_batch(batch, now)
+            if self.adaptive and batch.prefix_tokens > 0:
+                self.prefill.prefill = self.calibrator.observe_prefill(
+                    batch.prefix_tokens, measured_s
+                )
+            return
+        self.decode.finish_batch(batch, now, measured_s)
+        if not self.adaptive:
+            return
+        if batch.batch and not batch.suffix:
+            self.decode.decode = self.calibrator.observe_decode(
+                batch.batch, batch.context, measured_s
+            )
+        elif batch.suffix and not batch.batch and len(batch.suffix) == 1:
+            sfx = self.calibrator.observe_suffix(batch.suffix[0].stolen, measured_s)
+            self.decode.suffix = self.prefill.suffix = sfx
+
+    # -- FluidRole ----------------------------------------------------------------------------
+    def begin_switch(self, target: Role, now: float, drain: DrainMode = DrainMode.WAIT) -> None:
+        """Active -> Drain: stop taking work, hand back what has not started."""
+        self.role_sm.begin_drain(target, now)
+        if self.role is Role.PREFILL:
+            self.prefill.begin_drain()
+        else:
+            self.decode.begin_drain(drain is DrainMode.MIGRATE)
+
+    @property
+    def drained(self) -> bool:
+        side = self.prefill if self.role is Role.PREFILL else self.decode
+        return side.drained
+
+    def try_enter_switch(self, now: float) -> bool:
+        """Drain -> Switch once the old role's work is done."""
+        if self.state is RoleState.DRAIN and self.drained:
+            self.role_sm.begin_switch(now)
+            return True
+        return False
+
+    def complete_switch(self, now: float) -> Role:
+        """Switch -> Active in the new role; the new side starts clean and accepting."""
+        role = self.role_sm.complete(now)
+        if role is Role.DECODE:
+            self.decode.admitting = True
+            self.decode.migrate_on_drain = False
+        return role
+
+    def switch_overhead(self, profile: Profile) -> float:
+        """Engine-side seconds to flip into the target role once drained (from the profile)."""
+        target = self.role_sm.target
+        ms = profile.switch.to_decode_ms if target is Role.DECODE else profile.switch.to_prefill_ms
+        return ms * 1e-3
+
+    # -- signals ------------------------------------------------------------------------------
+    def pressure(self, now: float, n_prefill: int = 1) -> Pressure:
+        is_prefill = self.role is Role.PREFILL
+        d = self.decode
+        return Pressure(
+            worker=self.worker_id,
+            role=self.role,
+            state=self.state,
+            target=self.role_sm.target,
+            queue_ppi=self.prefill.queue_ppi(now) if is_prefill else 0.0,
+            queue_len=self.prefill.queue_len if is_prefill else len(d.prealloc),
+            dpi_load=0.0 if is_prefill else d.dpi_load(),
+            dpi_adm=0.0 if is_prefill else d.dpi_adm(),
+            batch=0 if is_prefill else len(d.active),
+            kv_used=0 if is_prefill else d.context,
+            kv_reserved=0 if is_prefill else max(0, d.committed - d.context),
+            kv_capacity=d.kv_capacity,
+            steal_budget=0.0 if is_prefill else d.steal_budget(n_prefill),
+            drain_cost=self.prefill.drain_cost(now) if is_prefill else d.drain_cost(),
+        )

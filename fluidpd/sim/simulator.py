@@ -1,0 +1,474 @@
+"""Discrete-event simulator: the core's workers, policies and pairing in virtual time.
+
+The event loop owns only time, the engine's step durations and message delivery; every
+scheduling and control decision is made by the same core objects the live sidecars run
+(``fluidpd.core``). Step durations come from the profile's predictors, optionally scaled by a
+drift factor (the engine is slower than the profile says) and multiplicative log-normal noise,
+so that the workers' own predictors are not trivially exact.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import random
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, fields, replace
+
+import numpy as np
+
+from fluidpd.core.fluidrole import FluidRoleConfig, FluidRolePolicy, SwitchDecision
+from fluidpd.core.fluidtoken import FluidTokenConfig
+from fluidpd.core.pairing import LeastLoadedPairing, Pairing, RoundRobinPairing
+from fluidpd.core.profile import Profile
+from fluidpd.core.scheduler.messages import (
+    Finished,
+    FirstToken,
+    Handoff,
+    Message,
+    Reroute,
+    Reserved,
+    SuffixCommitted,
+)
+from fluidpd.core.scheduler.prefill import PrefillBatch
+from fluidpd.core.scheduler.worker import Batch, Worker
+from fluidpd.core.types import SLO, DrainMode, Request, Role, RoleState
+from fluidpd.sim.policies import AutoscaleConfig, Mechanisms
+from fluidpd.sim.workloads import Workload
+
+# Event kinds (ints keep heap tuples cheap to compare).
+_ARRIVE, _BATCH_DONE, _HANDOFF_DONE, _MIGRATE_DONE, _SWITCH_DONE, _CONTROL, _SCALE_READY = range(7)
+
+
+class SimulationError(RuntimeError):
+    """An invariant of the simulation broke (a bug, never a user error)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SimConfig:
+    profile: Profile
+    slo: SLO
+    n_prefill: int
+    n_decode: int
+    mechanisms: Mechanisms = Mechanisms()
+    token_cfg: FluidTokenConfig = FluidTokenConfig()
+    role_cfg: FluidRoleConfig = FluidRoleConfig()
+    autoscale_cfg: AutoscaleConfig = AutoscaleConfig()
+    pairing: str = "round-robin"
+    #: A request still waiting for its first token after this long is cancelled (SGLang).
+    timeout_s: float = 60.0
+    #: Sigma of the mean-one log-normal noise on every step time (0 = exact).
+    noise: float = 0.0
+    #: True engine time / profile prediction (the engine drifted from its calibration).
+    drift: float = 1.0
+    #: Online recalibration of the workers' predictors (adaptive mode).
+    adaptive: bool = False
+    seed: int = 0
+
+
+@dataclass(slots=True)
+class RoleSwitch:
+    t: float
+    worker: str
+    source: str
+    target: str
+    drain_s: float
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "t": round(self.t, 3),
+            "worker": self.worker,
+            "from": self.source,
+            "to": self.target,
+            "drain_s": round(self.drain_s, 3),
+        }
+
+
+@dataclass(slots=True)
+class TimeSeries:
+    t: list[float] = field(default_factory=list)
+    n_prefill: list[int] = field(default_factory=list)
+    n_decode: list[int] = field(default_factory=list)
+    prefill_queue: list[int] = field(default_factory=list)
+    stolen_tokens: list[int] = field(default_factory=list)
+    ppi_bar: list[float] = field(default_factory=list)
+    dpi_load_bar: list[float] = field(default_factory=list)
+    dpi_adm_bar: list[float] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, list[float] | list[int]]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(slots=True)
+class SimResult:
+    requests: list[Request]
+    switches: list[RoleSwitch]
+    series: TimeSeries
+    stolen_tokens: int
+    scale_outs: list[dict[str, object]]
+    end_time: float
+    events: int
+
+
+class Simulator:
+    """One simulated deployment serving one workload."""
+
+    def __init__(self, workload: Workload, cfg: SimConfig) -> None:
+        self.cfg = cfg
+        self.workload = workload
+        self.profile = cfg.profile
+        self.now = 0.0
+        self._seq = itertools.count()
+        self._events: list[tuple[float, int, int, object, object]] = []
+        self._rng = random.Random(cfg.seed)
+        self._true_prefill = cfg.profile.prefill_predictor()
+        self._true_suffix = cfg.profile.suffix_predictor()
+        self._true_decode = cfg.profile.decode_predictor()
+        self._transfer = cfg.profile.transfer_model()
+        token_cfg = FluidTokenConfig(
+            enabled=cfg.mechanisms.fluidtoken,
+            eta=cfg.token_cfg.eta,
+            dpi_load_high=cfg.token_cfg.dpi_load_high,
+            eps=cfg.token_cfg.eps,
+        )
+        self._token_cfg = token_cfg
+        self.workers: dict[str, Worker] = {}
+        for i in range(cfg.n_prefill + cfg.n_decode):
+            role = Role.PREFILL if i < cfg.n_prefill else Role.DECODE
+            self._add_worker(role)
+        self.busy: dict[str, Batch] = {}
+        self.pairing: Pairing = self._make_pairing(cfg.pairing)
+        # The policy also runs (disabled) under other mechanisms: its pool pressure feeds the
+        # time series and the autoscale baseline.
+        self.role_policy = FluidRolePolicy(replace(cfg.role_cfg, enabled=cfg.mechanisms.fluidrole))
+        self._drain_started: dict[str, float] = {}
+        self.switches: list[RoleSwitch] = []
+        self.scale_outs: list[dict[str, object]] = []
+        self._scale_pending = False
+        self._pressured_since: dict[Role, float] = {}
+        self.series = TimeSeries()
+        self._stolen_seen = 0
+        self.requests: list[Request] = [
+            Request(i, float(a), int(p), int(o))
+            for i, (a, p, o) in enumerate(
+                zip(workload.arrivals, workload.prompt_lens, workload.output_lens, strict=True)
+            )
+        ]
+        self._waiting_first: deque[Request] = deque()
+        self._done = 0
+        self._ended: set[int] = set()
+        self._events_handled = 0
+
+    # -- setup --------------------------------------------------------------------------------
+    def _add_worker(self, role: Role) -> Worker:
+        wid = f"w{len(self.workers)}"
+        w = Worker.create(
+            wid, role, self.profile, self.cfg.slo, self._token_cfg, self.cfg.adaptive, self.now
+        )
+        self.workers[wid] = w
+        return w
+
+    def _make_pairing(self, name: str) -> Pairing:
+        if name == "round-robin":
+            return RoundRobinPairing()
+        if name == "least-loaded":
+            return LeastLoadedPairing(
+                prefill_backlog=lambda p: self.workers[p].prefill.queued_work(self.now),
+                decode_free_kv=lambda d: float(self.workers[d].decode.allocatable()),
+            )
+        raise ValueError(f"unknown pairing {name!r}")
+
+    def _push(self, t: float, kind: int, a: object = None, b: object = None) -> None:
+        heapq.heappush(self._events, (t, next(self._seq), kind, a, b))
+
+    def pool(self, role: Role) -> list[str]:
+        return [wid for wid, w in self.workers.items() if w.role is role and w.accepting]
+
+    # -- engine timing ------------------------------------------------------------------------
+    def _noise(self) -> float:
+        sigma = self.cfg.noise
+        if sigma <= 0:
+            return self.cfg.drift
+        return self.cfg.drift * math.exp(self._rng.gauss(0.0, sigma) - 0.5 * sigma * sigma)
+
+    def _duration(self, batch: Batch) -> float:
+        if isinstance(batch, PrefillBatch):
+            if batch.prefix_tokens == 0:
+                return 0.0
+            return self._true_prefill.time(batch.prefix_tokens) * self._noise()
+        t = self._true_decode.time(batch.batch, batch.context) if batch.batch else 0.0
+        for req in batch.suffix:
+            t += self._true_suffix.time(req.stolen)
+        return t * self._noise()
+
+    # -- driving workers ----------------------------------------------------------------------
+    def _budgets(self, decode_ids: Sequence[str]) -> np.ndarray:
+        n_prefill = len(self.pool(Role.PREFILL))
+        return np.array(
+            [
+                self.workers[d].decode.steal_budget(n_prefill)
+                if self.workers[d].role is Role.DECODE
+                else 0.0
+                for d in decode_ids
+            ],
+            dtype=np.float64,
+        )
+
+    def _kick(self, w: Worker) -> None:
+        if w.worker_id in self.busy:
+            return
+        budgets: Callable[[Sequence[str]], np.ndarray] | None = (
+            self._budgets if self._token_cfg.enabled else None
+        )
+        batch = w.next_batch(self.now, budgets)
+        if batch is not None:
+            self.busy[w.worker_id] = batch
+            self._push(self.now + self._duration(batch), _BATCH_DONE, w.worker_id, batch)
+        self._flush(w)
+
+    def _flush(self, w: Worker) -> None:
+        while w.outbox:
+            for msg in w.take_outbox():
+                self._deliver(msg)
+
+    def _deliver(self, msg: Message) -> None:
+        if isinstance(msg, Reserved):
+            p = self.workers[msg.prefill_worker]
+            if p.role is Role.PREFILL and p.prefill.reserved(msg.rid):
+                self._kick(p)
+        elif isinstance(msg, SuffixCommitted):
+            self.workers[msg.decode_worker].decode.suffix_committed(msg.rid, msg.tokens)
+        elif isinstance(msg, Handoff):
+            t = self.now + self._transfer.time(msg.nbytes)
+            self._push(t, _HANDOFF_DONE, msg, None)
+        elif isinstance(msg, FirstToken):
+            req = self.requests[msg.rid]
+            if req.ttft > self.cfg.timeout_s:
+                self._fail(req)
+        elif isinstance(msg, Finished):
+            self._end(self.requests[msg.rid])
+        elif isinstance(msg, Reroute):
+            self._reroute(msg.request, msg.from_worker)
+
+    def _end(self, req: Request) -> None:
+        if req.rid in self._ended:
+            raise SimulationError(f"request {req.rid} ended twice")
+        self._ended.add(req.rid)
+        self._done += 1
+
+    def _fail(self, req: Request) -> None:
+        """Cancel a request everywhere (SGLang aborts it after the first-token timeout)."""
+        if req.failed or req.rid in self._ended:
+            return
+        req.failed = True
+        for wid in {req.prefill_worker, req.decode_worker}:
+            w = self.workers.get(wid)
+            if w is None:
+                continue
+            w.prefill.cancel(req.rid)
+            w.decode.cancel(req.rid)
+            self._flush(w)
+            self._after_change(w)
+        self._end(req)
+
+    def _dispatch(self, req: Request) -> None:
+        p_id, d_id = self.pairing.choose(self.pool(Role.PREFILL), self.pool(Role.DECODE))
+        req.stolen = 0
+        req.prefill_started = False
+        p, d = self.workers[p_id], self.workers[d_id]
+        p.prefill.add(req)
+        req.decode_worker = d_id
+        d.decode.add(req)
+        self._flush(d)
+        self._kick(p)
+
+    def _reroute(self, req: Request, source: str) -> None:
+        """Abort both halves of a not-started request and pair it again (DESIGN: aborts reach
+        both halves)."""
+        if req.failed:
+            return
+        for wid in (req.prefill_worker, req.decode_worker):
+            if wid != source:
+                w = self.workers[wid]
+                w.prefill.cancel(req.rid)
+                w.decode.cancel(req.rid)
+                self._flush(w)
+        req.reassigned += 1
+        self._dispatch(req)
+
+    def _after_change(self, w: Worker) -> None:
+        """Advance a draining worker towards its switch."""
+        if w.state is RoleState.DRAIN and w.worker_id not in self.busy:
+            if w.role is Role.DECODE and w.decode.migrate_on_drain:
+                self._migrate_out(w)
+            if w.try_enter_switch(self.now):
+                self._push(self.now + w.switch_overhead(self.profile), _SWITCH_DONE, w.worker_id)
+
+    def _migrate_out(self, w: Worker) -> None:
+        """Drain mode ``migrate``: move active requests with their KV to other decode workers."""
+        targets = [self.workers[d] for d in self.pool(Role.DECODE)]
+        for rid in list(w.decode.active):
+            slot = w.decode.active[rid]
+            generated = slot.generated(w.decode.iteration)
+            for t in sorted(targets, key=lambda x: -x.decode.allocatable()):
+                if t.decode.adopt(slot.req, generated):
+                    req, generated = w.decode.detach(rid)
+                    nbytes = w.decode.migration_bytes(req, generated)
+                    self._push(self.now + self._transfer.time(nbytes), _MIGRATE_DONE, rid, t)
+                    break
+        self._flush(w)
+
+    # -- FluidRole ------------------------------------------------------------------------------
+    def begin_switch(self, wid: str, target: Role, mode: DrainMode) -> None:
+        w = self.workers[wid]
+        w.begin_switch(target, self.now, mode)
+        self._drain_started[wid] = self.now
+        if w.role is Role.DECODE:
+            # Reserved requests whose prefill has not started get a new pair, so the drain
+            # waits only for work that is really in flight.
+            for rid in list(w.decode.reserved):
+                req = self.requests[rid]
+                p = self.workers.get(req.prefill_worker)
+                if p is not None and p.prefill.cancel(rid) is not None:
+                    w.decode.cancel(rid)
+                    req.reassigned += 1
+                    self._dispatch(req)
+        self._flush(w)
+        self._after_change(w)
+
+    def _switch_done(self, wid: str) -> None:
+        w = self.workers[wid]
+        source = w.role
+        target = w.complete_switch(self.now)
+        drain_s = self.now - self._drain_started.pop(wid, self.now)
+        self.switches.append(RoleSwitch(self.now, wid, source.value, target.value, drain_s))
+        self.role_policy.switch_finished(wid, self.now)
+        self._kick(w)
+
+    def _control(self) -> None:
+        self._expire()
+        n_prefill = max(1, len(self.pool(Role.PREFILL)))
+        signals = [w.pressure(self.now, n_prefill).signals() for w in self.workers.values()]
+        decision = self.role_policy.observe(self.now, signals)
+        if isinstance(decision, SwitchDecision) and self.cfg.mechanisms.fluidrole:
+            self.begin_switch(decision.worker, decision.target, decision.drain_mode)
+        if self.cfg.mechanisms.autoscale:
+            self._autoscale()
+        self._sample()
+
+    def _expire(self) -> None:
+        limit = self.now - self.cfg.timeout_s
+        q = self._waiting_first
+        while q and q[0].arrival < limit:
+            req = q.popleft()
+            if math.isnan(req.first_token_t) and not req.failed:
+                self._fail(req)
+
+    def _autoscale(self) -> None:
+        """Dynamo-like baseline: add a worker to a phase that stays pressured."""
+        cfg, acfg = self.cfg.role_cfg, self.cfg.autoscale_cfg
+        p = self.role_policy.last_pressure
+        pressured = {
+            Role.PREFILL: p.ppi_bar > cfg.ppi_high,
+            Role.DECODE: p.dpi_load_bar >= cfg.dpi_load_high or p.dpi_adm_bar > acfg.dpi_adm_scale,
+        }
+        for role, hot in pressured.items():
+            if not hot:
+                self._pressured_since.pop(role, None)
+                continue
+            since = self._pressured_since.setdefault(role, self.now)
+            room = len(self.workers) < acfg.max_workers
+            if room and not self._scale_pending and self.now - since >= acfg.detection_s:
+                self._scale_pending = True
+                self.scale_outs.append({"t": round(self.now, 3), "role": role.value})
+                self._push(self.now + acfg.provisioning_s, _SCALE_READY, role)
+                self._pressured_since.pop(role, None)
+
+    def _sample(self) -> None:
+        s = self.series
+        s.t.append(round(self.now, 3))
+        roles = [w.role for w in self.workers.values()]
+        s.n_prefill.append(roles.count(Role.PREFILL))
+        s.n_decode.append(roles.count(Role.DECODE))
+        s.prefill_queue.append(
+            sum(w.prefill.queue_len for w in self.workers.values() if w.role is Role.PREFILL)
+        )
+        stolen = sum(w.prefill.stolen_tokens for w in self.workers.values())
+        s.stolen_tokens.append(stolen - self._stolen_seen)
+        self._stolen_seen = stolen
+        pp = self.role_policy.last_pressure
+        s.ppi_bar.append(round(pp.ppi_bar, 4))
+        s.dpi_load_bar.append(round(pp.dpi_load_bar, 4))
+        s.dpi_adm_bar.append(round(pp.dpi_adm_bar, 4))
+
+    # -- main loop ------------------------------------------------------------------------------
+    def run(self) -> SimResult:
+        for req in self.requests:
+            self._push(req.arrival, _ARRIVE, req)
+        self._push(0.0, _CONTROL)
+        total = len(self.requests)
+        events = self._events
+        interval = self.cfg.role_cfg.interval_s
+        while events:
+            t, _, kind, a, b = heapq.heappop(events)
+            self.now = t
+            self._events_handled += 1
+            if kind == _BATCH_DONE:
+                wid = a
+                assert isinstance(wid, str)
+                w = self.workers[wid]
+                batch = self.busy.pop(wid)
+                if batch is not b:
+                    raise SimulationError("batch completion out of order")
+                w.finish_batch(batch, t, t - batch.start)
+                self._flush(w)
+                self._after_change(w)
+                if w.state is not RoleState.SWITCH:
+                    self._kick(w)
+            elif kind == _ARRIVE:
+                assert isinstance(a, Request)
+                self._waiting_first.append(a)
+                self._dispatch(a)
+            elif kind == _HANDOFF_DONE:
+                assert isinstance(a, Handoff)
+                p, d = self.workers[a.prefill_worker], self.workers[a.decode_worker]
+                p.prefill.transfer_done(a.rid)
+                d.decode.handoff_done(a.rid, a.prefix_tokens, t)
+                self._flush(d)
+                self._after_change(p)
+                self._kick(d)
+            elif kind == _CONTROL:
+                self._control()
+                if self._done < total:
+                    self._push(t + interval, _CONTROL)
+            elif kind == _MIGRATE_DONE:
+                assert isinstance(a, int) and isinstance(b, Worker)
+                b.decode.activate(a)
+                self._kick(b)
+            elif kind == _SWITCH_DONE:
+                assert isinstance(a, str)
+                self._switch_done(a)
+            elif kind == _SCALE_READY:
+                assert isinstance(a, Role)
+                self._scale_pending = False
+                self._kick(self._add_worker(a))
+            if self._done == total and kind != _CONTROL:
+                break
+        if self._done != total:
+            stuck = total - self._done
+            raise SimulationError(f"{stuck} requests never finished (simulation stalled)")
+        return SimResult(
+            self.requests,
+            self.switches,
+            self.series,
+            sum(w.prefill.stolen_tokens for w in self.workers.values()),
+            self.scale_outs,
+            self.now,
+            self._events_handled,
+        )
+
+
+def simulate(workload: Workload, cfg: SimConfig) -> SimResult:
+    return Simulator(workload, cfg).run()
