@@ -65,18 +65,21 @@ class SuffixPredictor:
         """Inverse suffix predictor, eq. (16): the longest suffix whose time fits ``budget_s``.
 
         Returns the largest integer x with T_sfx(x) <= budget_s (0 if even one token does not
-        fit).
+        fit). The closed form is only a starting point; the answer is checked against
+        ``time`` itself so that float rounding can never make it one off either way.
         """
-        if budget_s < self.s0 + self.s1 + self.s2:
+        if self.time(1) > budget_s:
             return 0
         rest = budget_s - self.s0
         if self.s2 == 0.0:
             x = rest / self.s1
         else:
-            x = (-self.s1 + math.sqrt(self.s1 * self.s1 + 4.0 * self.s2 * rest)) / (2.0 * self.s2)
-        n = math.floor(x + 1e-9)
-        # Guard against float rounding at the boundary.
-        while n > 0 and self.time(n) > budget_s + 1e-12:
+            # The rationalised root stays accurate when s2 is tiny.
+            x = 2.0 * rest / (self.s1 + math.sqrt(self.s1 * self.s1 + 4.0 * self.s2 * rest))
+        n = max(1, math.floor(x))
+        while self.time(n + 1) <= budget_s:
+            n += 1
+        while n > 1 and self.time(n) > budget_s:
             n -= 1
         return n
 
@@ -160,7 +163,9 @@ class OnlineCalibrator:
         self._pre = RecursiveLeastSquares(
             np.array([p.c2 * 1e9, p.c1 * 1e6, p.c0 * 1e3]), self.forgetting
         )
-        self._sfx = RecursiveLeastSquares(np.array([s.s1 * 1e6, s.s0 * 1e3]), self.forgetting)
+        self._sfx = RecursiveLeastSquares(
+            np.array([s.s2 * 1e9, s.s1 * 1e6, s.s0 * 1e3]), self.forgetting
+        )
         self._dec = RecursiveLeastSquares(
             np.array([d.a_c * 1e6, d.a_n * 1e3, d.a_0 * 1e3]), self.forgetting
         )
@@ -179,10 +184,16 @@ class OnlineCalibrator:
         return self.prefill
 
     def observe_suffix(self, tokens: int, seconds: float) -> SuffixPredictor:
-        self._sfx.update(np.array([tokens / 1e3, 1.0]), seconds * 1e3)
+        k = tokens / 1e3
+        self._sfx.update(np.array([k * k, k, 1.0]), seconds * 1e3)
         if self._sfx.samples >= self.min_samples:
-            s1, s0 = self._sfx.theta
-            self.suffix = replace(self.suffix, s1=max(1e-9, s1) * 1e-6, s0=max(0.0, s0) * 1e-3)
+            s2, s1, s0 = self._sfx.theta
+            self.suffix = replace(
+                self.suffix,
+                s2=max(0.0, s2) * 1e-9,
+                s1=max(1e-9, s1) * 1e-6,
+                s0=max(0.0, s0) * 1e-3,
+            )
         return self.suffix
 
     def observe_decode(

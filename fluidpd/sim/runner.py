@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from fluidpd.core.fluidrole import FluidRoleConfig
 from fluidpd.core.fluidtoken import FluidTokenConfig
@@ -75,11 +76,11 @@ class RunSpec:
 
 @dataclass(slots=True)
 class RunOutput:
-    record: dict[str, object]
-    series: dict[str, object] = field(default_factory=dict)
+    record: dict[str, Any]
+    series: dict[str, Any] = field(default_factory=dict)
 
 
-def _header(spec: RunSpec) -> dict[str, object]:
+def _header(spec: RunSpec) -> dict[str, Any]:
     return {
         "policy": spec.policy,
         "rps": spec.rps,

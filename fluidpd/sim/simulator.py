@@ -248,7 +248,9 @@ class Simulator:
             if req.ttft > self.cfg.timeout_s:
                 self._fail(req)
         elif isinstance(msg, Finished):
-            self._end(self.requests[msg.rid])
+            req = self.requests[msg.rid]
+            if not req.failed:  # a single-token request can fail on its (late) first token
+                self._end(req)
         elif isinstance(msg, Reroute):
             self._reroute(msg.request, msg.from_worker)
 
@@ -263,6 +265,7 @@ class Simulator:
         if req.failed or req.rid in self._ended:
             return
         req.failed = True
+        req.finish_t = math.nan  # a single-token request may already carry one
         for wid in {req.prefill_worker, req.decode_worker}:
             w = self.workers.get(wid)
             if w is None:

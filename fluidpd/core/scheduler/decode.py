@@ -74,8 +74,9 @@ class DecodeSide:
     reserved: dict[int, Request] = field(default_factory=dict)
     #: Hand-off finished, stolen suffix waiting for an eligible iteration.
     ready: deque[Request] = field(default_factory=deque)
-    #: Hand-off finished (first token out), joins the batch at the next iteration.
-    joining: list[Request] = field(default_factory=list)
+    #: Hand-off finished (first token out) or migrated in, with tokens generated so far;
+    #: joins the batch at the next iteration boundary.
+    joining: list[tuple[Request, int]] = field(default_factory=list)
     #: Migrated in, KV reserved, waiting for its KV to arrive.
     migrating_in: dict[int, tuple[Request, int]] = field(default_factory=dict)
     active: dict[int, _Slot] = field(default_factory=dict)
@@ -89,6 +90,8 @@ class DecodeSide:
     iteration: int = 0
     context: int = 0
     running: DecodeBatch | None = None
+    #: Members of the running batch that left it before it finished (abort, EOS).
+    _left_running_batch: int = 0
     bank: float = 0.0
     admitting: bool = True
     migrate_on_drain: bool = False
@@ -150,7 +153,7 @@ class DecodeSide:
             return
         self._first_token(req, now)
         if req.max_new_tokens > 1:
-            self.joining.append(req)
+            self.joining.append((req, 1))
 
     def _first_token(self, req: Request, now: float) -> None:
         req.first_token_t = now
@@ -175,8 +178,8 @@ class DecodeSide:
     def next_batch(self, now: float) -> DecodeBatch | None:
         if self.running is not None:
             return None
-        for req in self.joining:
-            self._join(req, 1)
+        for req, generated in self.joining:
+            self._join(req, generated)
         self.joining.clear()
         n, ctx = len(self.active), self.context
         if n == 0:
@@ -202,7 +205,8 @@ class DecodeSide:
             raise ValueError("finish_batch for a batch this worker is not running")
         self.running = None
         self.iteration += 1
-        self.context += batch.batch
+        self.context += batch.batch - self._left_running_batch
+        self._left_running_batch = 0
         heap = self._finish_heap
         while heap and heap[0][0] <= self.iteration:
             due, rid = heapq.heappop(heap)
@@ -229,7 +233,7 @@ class DecodeSide:
         slot = self.active.pop(rid, None)
         if slot is None:
             return
-        self.context -= slot.req.prompt_len + slot.generated(self.iteration)
+        self._remove_active(slot)
         slot.req.finish_t = now
         self._release(rid)
         self.outbox.append(Finished(rid, now))
@@ -248,19 +252,30 @@ class DecodeSide:
             found = self.migrating_in.pop(rid)[0]
         elif rid in self.active:
             slot = self.active.pop(rid)
-            self.context -= slot.req.prompt_len + slot.generated(self.iteration)
+            self._remove_active(slot)
             found = slot.req
         else:
-            for q in (self.ready, self.joining):
-                for i, r in enumerate(q):
-                    if r.rid == rid:
-                        del q[i]
-                        found = r
-                        break
+            for i, r in enumerate(self.ready):
+                if r.rid == rid:
+                    del self.ready[i]
+                    found = r
+                    break
+            for i, (r, _) in enumerate(self.joining):
+                if r.rid == rid:
+                    del self.joining[i]
+                    found = r
+                    break
         if found is not None:
             self._release(rid)
             self.admit()
         return found
+
+    def _remove_active(self, slot: _Slot) -> None:
+        """Take a request's KV out of the batch context; if an iteration is running it was
+        counted in that batch, so the batch's growth must not count it either."""
+        self.context -= slot.req.prompt_len + slot.generated(self.iteration)
+        if self.running is not None and slot.joined <= self.iteration:
+            self._left_running_batch += 1
 
     # -- migration (drain mode "migrate") -----------------------------------------------------
     def detach(self, rid: int) -> tuple[Request, int]:
@@ -282,10 +297,10 @@ class DecodeSide:
         return True
 
     def activate(self, rid: int) -> None:
-        """The migrated KV has arrived: the request joins the next iteration."""
+        """The migrated KV has arrived: the request joins at the next iteration boundary."""
         entry = self.migrating_in.pop(rid, None)
         if entry is not None:
-            self._join(*entry)
+            self.joining.append(entry)
 
     def migration_bytes(self, req: Request, generated: int) -> int:
         return (req.prompt_len + generated) * self.kv_bytes_per_token

@@ -3,20 +3,106 @@
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from fluidpd.core.fluidtoken import FluidTokenConfig, plan_stealing
+from fluidpd.core.fluidtoken import FluidTokenConfig, StealPlan, plan_stealing
 from fluidpd.core.predictors import FloatArray, PrefillPredictor, SuffixPredictor, TransferModel
 from fluidpd.core.scheduler.messages import Handoff, Message, Reroute, SuffixCommitted
-from fluidpd.core.signals import queue_ppi
+from fluidpd.core.signals import IntArray, queue_ppi
 from fluidpd.core.types import SLO, Request
 
 #: Given the decode workers a prefill worker's queue is paired with, return the per-prefill
 #: stealing budget (tokens, eq. 17) each currently advertises.
 BudgetSource = Callable[[Sequence[str]], FloatArray]
+
+
+class WaitingQueue:
+    """The reserved-request FIFO, mirrored in numpy arrays for the per-iteration planner.
+
+    Appends and pops at the head are amortised O(1); arrays are views, so a control
+    iteration does not rebuild them from Python objects. Removal from the middle (a cancelled
+    or re-paired request) compacts, which is rare.
+    """
+
+    __slots__ = ("_arr", "_deadline", "_head", "_len", "_peer", "_reqs")
+
+    def __init__(self, capacity: int = 64) -> None:
+        self._reqs: deque[Request] = deque()
+        self._len = np.zeros(capacity, dtype=np.float64)
+        self._arr = np.zeros(capacity, dtype=np.float64)
+        self._deadline = np.zeros(capacity, dtype=np.float64)
+        self._peer = np.zeros(capacity, dtype=np.int64)
+        self._head = 0
+
+    def __len__(self) -> int:
+        return len(self._reqs)
+
+    def __bool__(self) -> bool:
+        return bool(self._reqs)
+
+    def __iter__(self) -> Iterator[Request]:
+        return iter(self._reqs)
+
+    def __getitem__(self, i: int) -> Request:
+        return self._reqs[i]
+
+    def _compact(self, extra: int) -> None:
+        n = len(self._reqs)
+        h = self._head
+        need = n + extra
+        cap = len(self._len)
+        if need > cap:
+            cap = max(2 * cap, need)
+        for name in ("_len", "_arr", "_deadline", "_peer"):
+            old = getattr(self, name)
+            new = np.zeros(cap, dtype=old.dtype)
+            new[:n] = old[h : h + n]
+            setattr(self, name, new)
+        self._head = 0
+
+    def append(self, req: Request, deadline: float, peer: int) -> None:
+        tail = self._head + len(self._reqs)
+        if tail >= len(self._len):
+            self._compact(1)
+            tail = len(self._reqs)
+        self._len[tail] = req.prompt_len
+        self._arr[tail] = req.arrival
+        self._deadline[tail] = deadline
+        self._peer[tail] = peer
+        self._reqs.append(req)
+
+    def popleft(self) -> Request:
+        req = self._reqs.popleft()
+        self._head += 1
+        if not self._reqs:
+            self._head = 0
+        return req
+
+    def remove(self, rid: int) -> Request | None:
+        i = next((k for k, r in enumerate(self._reqs) if r.rid == rid), -1)
+        if i < 0:
+            return None
+        r = self._reqs[i]
+        h = self._head
+        n = len(self._reqs)
+        for arr in (self._len, self._arr, self._deadline, self._peer):
+            arr[h + i : h + n - 1] = arr[h + i + 1 : h + n].copy()
+        del self._reqs[i]
+        if not self._reqs:
+            self._head = 0
+        return r
+
+    def clear(self) -> None:
+        self._reqs.clear()
+        self._head = 0
+
+    def arrays(self) -> tuple[FloatArray, FloatArray, FloatArray, IntArray]:
+        """(prompt lengths, arrivals, TTFT deadlines, peer indices) as views, queue order."""
+        h, t = self._head, self._head + len(self._reqs)
+        return self._len[h:t], self._arr[h:t], self._deadline[h:t], self._peer[h:t]
 
 
 @dataclass(slots=True)
@@ -44,7 +130,9 @@ class PrefillSide:
     #: Waiting for the decode side's reservation (SGLang's bootstrap queue).
     bootstrap: dict[int, Request] = field(default_factory=dict)
     #: Reserved, in scheduling order (SGLang's waiting queue); PPI looks at this queue.
-    waiting: deque[Request] = field(default_factory=deque)
+    waiting: WaitingQueue = field(default_factory=WaitingQueue)
+    #: Decode peers seen so far, in the order of the budget vector handed to the planner.
+    peers: dict[str, int] = field(default_factory=dict)
     running: PrefillBatch | None = None
     #: KV hand-offs started and not yet confirmed, rid -> bytes.
     transfers: dict[int, int] = field(default_factory=dict)
@@ -60,7 +148,8 @@ class PrefillSide:
         req = self.bootstrap.pop(rid, None)
         if req is None:
             return False
-        self.waiting.append(req)
+        peer = self.peers.setdefault(req.decode_worker, len(self.peers))
+        self.waiting.append(req, req.arrival + self.slo.ttft, peer)
         return True
 
     def cancel(self, rid: int) -> Request | None:
@@ -68,11 +157,7 @@ class PrefillSide:
         req = self.bootstrap.pop(rid, None)
         if req is not None:
             return req
-        for i, r in enumerate(self.waiting):
-            if r.rid == rid:
-                del self.waiting[i]
-                return r
-        return None
+        return self.waiting.remove(rid)
 
     def repoint_decode(self, rid: int, decode_worker: str) -> bool:
         """Give a not-yet-started request a new decode peer; False if it already started."""
@@ -91,16 +176,11 @@ class PrefillSide:
     def queued_work(self, now: float) -> float:
         """Predicted seconds to clear the running batch and the whole queue (eq. 2 summed)."""
         queued = [*self.bootstrap.values(), *self.waiting]
-        return self.backlog(now) + sum(self.prefill.time(r.prompt_len) for r in queued)
-
-    def queue_arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        n = len(self.waiting)
-        lengths = np.fromiter((r.prompt_len for r in self.waiting), dtype=np.int64, count=n)
-        arrivals = np.fromiter((r.arrival for r in self.waiting), dtype=np.float64, count=n)
-        return lengths, arrivals
+        return self.backlog(now) + sum(self.prefill.time(float(r.prompt_len)) for r in queued)
 
     def queue_ppi(self, now: float) -> float:
-        lengths, arrivals = self.queue_arrays()
+        """Queue-level PPI (eq. 5) over the waiting queue, counting the running batch."""
+        lengths, arrivals, _, _ = self.waiting.arrays()
         return queue_ppi(
             lengths,
             arrivals,
@@ -111,27 +191,22 @@ class PrefillSide:
             self.token_cfg.eps,
         )
 
-    def _stolen_for_head(self, now: float, budgets: BudgetSource) -> int:
-        """Algorithm 1 over the waiting queue; only the head's ratio is committed now."""
-        lengths, arrivals = self.queue_arrays()
-        peers: dict[str, int] = {}
-        index = np.fromiter(
-            (peers.setdefault(r.decode_worker, len(peers)) for r in self.waiting),
-            dtype=np.int64,
-            count=len(self.waiting),
-        )
-        plan = plan_stealing(
+    def plan(self, now: float, budgets: BudgetSource, head_only: bool = False) -> StealPlan:
+        """One FluidToken control iteration: PPI, the paired decode workers' budgets (their
+        DPI-gated eq. 17) and Algorithm 1 over the waiting queue."""
+        lengths, _, deadlines, peers = self.waiting.arrays()
+        return plan_stealing(
             lengths,
-            arrivals + self.slo.ttft,
-            index,
-            budgets(list(peers)),
+            deadlines,
+            peers,
+            budgets(list(self.peers)),
             now,
             self.prefill,
             self.suffix,
             self.backlog(now),
             self.token_cfg.eps,
+            head_only,
         )
-        return int(plan.stolen[0])
 
     def next_batch(self, now: float, budgets: BudgetSource | None) -> PrefillBatch | None:
         """Start the head of the waiting queue, with FluidToken's split when enabled."""
@@ -140,7 +215,8 @@ class PrefillSide:
         stolen = 0
         # A lone head cannot donate to anyone behind it, so Algorithm 1 would return 0.
         if budgets is not None and self.token_cfg.enabled and len(self.waiting) > 1:
-            stolen = self._stolen_for_head(now, budgets)
+            # Only the head's ratio is committed; the rest are re-planned next iteration.
+            stolen = int(self.plan(now, budgets, head_only=True).stolen[0])
         req = self.waiting.popleft()
         req.stolen = stolen
         req.prefill_started = True

@@ -1,0 +1,53 @@
+"""The ``fluidpd`` command: one entry point, one module per subcommand."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from fluidpd import __version__
+from fluidpd.cli import bench_cmd, sim_cmd
+from fluidpd.cli.errors import UserError
+from fluidpd.profiles import ProfileError, available_profiles
+from fluidpd.sim.policies import PolicyError
+from fluidpd.sim.workloads import WorkloadError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but errors are one line and exit 2 like every other user error here."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UserError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="fluidpd",
+        description="SLO-aware P/D-disaggregated LLM serving with in-place elasticity.",
+    )
+    parser.add_argument("--version", action="version", version=f"fluidpd {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sim_cmd.add_parser(sub)
+    bench_cmd.add_parser(sub)
+    profiles = sub.add_parser("profiles", help="list the shipped model x GPU profiles")
+    profiles.set_defaults(func=lambda _args: print("\n".join(available_profiles())) or 0)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        code: int = args.func(args)
+    except (UserError, ProfileError, WorkloadError, PolicyError) as exc:
+        print(f"fluidpd: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("fluidpd: interrupted", file=sys.stderr)
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

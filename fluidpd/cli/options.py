@@ -1,0 +1,72 @@
+"""Option parsers shared by subcommands; each raises a one-line error naming the option."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+
+from fluidpd.cli.errors import UserError
+
+
+def positive_float(name: str) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise UserError(f"{name}: expected a number, got {text!r}") from None
+        if not math.isfinite(value) or value <= 0:
+            raise UserError(f"{name}: must be a positive number, got {text!r}")
+        return value
+
+    return parse
+
+
+def non_negative_float(name: str) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise UserError(f"{name}: expected a number, got {text!r}") from None
+        if not math.isfinite(value) or value < 0:
+            raise UserError(f"{name}: must be >= 0, got {text!r}")
+        return value
+
+    return parse
+
+
+def positive_int(name: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise UserError(f"{name}: expected an integer, got {text!r}") from None
+        if value <= 0:
+            raise UserError(f"{name}: must be a positive integer, got {text!r}")
+        return value
+
+    return parse
+
+
+def float_list(name: str) -> Callable[[str], list[float]]:
+    one = positive_float(name)
+
+    def parse(text: str) -> list[float]:
+        parts = [p.strip() for p in text.split(",") if p.strip()]
+        if not parts:
+            raise UserError(f"{name}: expected a comma-separated list of numbers")
+        return list(dict.fromkeys(one(p) for p in parts))
+
+    return parse
+
+
+def add_float(
+    group: argparse._ArgumentGroup | argparse.ArgumentParser,
+    flag: str,
+    default: float,
+    help_text: str,
+    *,
+    allow_zero: bool = False,
+) -> None:
+    parse = non_negative_float(flag) if allow_zero else positive_float(flag)
+    group.add_argument(flag, type=parse, default=default, help=f"{help_text} (default {default})")

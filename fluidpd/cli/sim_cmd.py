@@ -1,0 +1,226 @@
+"""``fluidpd sim``: compare policies on a workload over a sweep of request rates."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from fluidpd.cli.errors import UserError
+from fluidpd.cli.options import add_float, float_list, positive_float, positive_int
+from fluidpd.core.fluidrole import FluidRoleConfig
+from fluidpd.core.fluidtoken import FluidTokenConfig
+from fluidpd.core.pairing import PAIRINGS
+from fluidpd.core.types import SLO, DrainMode
+from fluidpd.profiles import resolve_profile
+from fluidpd.sim.plots import write_plots
+from fluidpd.sim.policies import AutoscaleConfig, parse_pd, parse_policies
+from fluidpd.sim.report import format_table, series_key, write_results
+from fluidpd.sim.runner import RunOutput, RunSpec, default_jobs, run_many
+from fluidpd.sim.workloads import WORKLOAD_NAMES, build_workload
+
+DEFAULT_OUT = "out/sim"
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "sim",
+        help="simulate policies on a workload over a sweep of request rates",
+        description=(
+            "Discrete-event simulation of a P/D-disaggregated deployment running the same "
+            "scheduler and policies as the live sidecars. Writes DIR/results.json, per-run "
+            "time series and plots, and prints an attainment table."
+        ),
+    )
+    g = p.add_argument_group("deployment")
+    g.add_argument("--model", default="llama-3.1-8b", help="model name (default llama-3.1-8b)")
+    g.add_argument("--gpu", default="a100-80gb", help="GPU name (default a100-80gb)")
+    g.add_argument("--profile", default=None, help="profile YAML file (replaces --model/--gpu)")
+    g.add_argument("--pd", default="4P4D", help="initial prefill/decode split (default 4P4D)")
+    g.add_argument(
+        "--pairing",
+        choices=PAIRINGS,
+        default="round-robin",
+        help="P/D pairing (default round-robin)",
+    )
+    w = p.add_argument_group("workload")
+    w.add_argument(
+        "--workload",
+        default="azure-mixed",
+        help=f"{', '.join(WORKLOAD_NAMES)}, or a trace CSV path; comma-separated for several "
+        "(default azure-mixed)",
+    )
+    w.add_argument("--rps", type=float_list("--rps"), default=[20.0], help="rates, e.g. 10,20,30")
+    w.add_argument("--num-requests", type=positive_int("--num-requests"), default=None)
+    w.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    s = p.add_argument_group("SLOs (seconds)")
+    add_float(s, "--ttft-slo", 2.0, "TTFT target")
+    add_float(s, "--tpot-slo", 0.1, "TPOT target")
+    r = p.add_argument_group("policies")
+    r.add_argument("--policy", default="all", help="one name, a comma list, or all (default all)")
+    add_float(r, "--eta", 1.25, "FluidToken slack multiplier eta (eq. 15)")
+    add_float(r, "--token-dpi-load-high", 0.6, "FluidToken DPI_load gate (eq. 12)")
+    add_float(r, "--ppi-low", 0.6, "FluidRole PPI low threshold", allow_zero=True)
+    add_float(r, "--ppi-high", 1.0, "FluidRole PPI high threshold")
+    add_float(r, "--dpi-load-high", 0.6, "FluidRole DPI_load threshold")
+    add_float(r, "--dpi-adm-high", 0.2, "FluidRole DPI_adm threshold", allow_zero=True)
+    add_float(r, "--interval", 1.0, "FluidRole control interval, s")
+    add_float(r, "--window", 10.0, "FluidRole PPI window, s")
+    r.add_argument("--n-persist", type=positive_int("--n-persist"), default=3)
+    add_float(r, "--cooldown", 5.0, "FluidRole cooldown, s", allow_zero=True)
+    add_float(
+        r, "--reversal-cooldown", 300.0, "cooldown before an opposite switch, s", allow_zero=True
+    )
+    r.add_argument(
+        "--drain-mode",
+        choices=[m.value for m in DrainMode],
+        default=DrainMode.MIGRATE.value,
+        help="D->P drain: migrate active requests (default) or wait for them (paper)",
+    )
+    r.add_argument("--min-prefill", type=positive_int("--min-prefill"), default=1)
+    r.add_argument("--min-decode", type=positive_int("--min-decode"), default=1)
+    r.add_argument(
+        "--autoscale-max-workers",
+        type=positive_int("--autoscale-max-workers"),
+        default=None,
+        help="autoscale baseline GPU cap (default: workers in --pd + 2)",
+    )
+    add_float(r, "--autoscale-detection", 5.0, "autoscale detection delay, s", allow_zero=True)
+    add_float(
+        r, "--autoscale-provisioning", 200.0, "autoscale provisioning delay, s", allow_zero=True
+    )
+    e = p.add_argument_group("engine model")
+    add_float(e, "--noise", 0.05, "sigma of log-normal noise on step times", allow_zero=True)
+    add_float(e, "--drift", 1.0, "true engine time / profile prediction")
+    e.add_argument("--adaptive", action="store_true", help="recalibrate predictors online")
+    add_float(e, "--timeout", 60.0, "cancel requests without a first token after this long, s")
+    o = p.add_argument_group("output")
+    o.add_argument("--out", default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
+    o.add_argument("--jobs", type=positive_int("--jobs"), default=default_jobs())
+    o.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    o.add_argument("--timeseries-rps", type=positive_float("--timeseries-rps"), default=None)
+    o.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def _workloads(text: str) -> list[str]:
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    if not names:
+        raise UserError("--workload: empty")
+    return list(dict.fromkeys(names))
+
+
+def specs_from_args(args: argparse.Namespace) -> list[RunSpec]:
+    profile = resolve_profile(args.model, args.gpu, args.profile)
+    n_prefill, n_decode = parse_pd(args.pd)
+    policies = parse_policies(args.policy)
+    workloads = _workloads(args.workload)
+    try:
+        slo = SLO(args.ttft_slo, args.tpot_slo)
+        token_cfg = FluidTokenConfig(eta=args.eta, dpi_load_high=args.token_dpi_load_high)
+        role_cfg = FluidRoleConfig(
+            ppi_low=args.ppi_low,
+            ppi_high=args.ppi_high,
+            dpi_load_high=args.dpi_load_high,
+            dpi_adm_high=args.dpi_adm_high,
+            interval_s=args.interval,
+            window_s=args.window,
+            n_persist=args.n_persist,
+            cooldown_s=args.cooldown,
+            reversal_cooldown_s=args.reversal_cooldown,
+            min_prefill=args.min_prefill,
+            min_decode=args.min_decode,
+            drain_mode=DrainMode(args.drain_mode),
+        )
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    if args.min_prefill + args.min_decode > n_prefill + n_decode:
+        raise UserError("--min-prefill + --min-decode exceed the workers in --pd")
+    max_workers = args.autoscale_max_workers or n_prefill + n_decode + 2
+    autoscale = AutoscaleConfig(
+        detection_s=args.autoscale_detection,
+        provisioning_s=args.autoscale_provisioning,
+        max_workers=max_workers,
+    )
+    for workload in workloads:  # fail fast on a bad workload, before any long run
+        build_workload(
+            workload,
+            args.rps[0],
+            seed=args.seed,
+            context_limit=profile.context_limit,
+            num_requests=args.num_requests,
+        )
+    return [
+        RunSpec(
+            policy=policy,
+            workload=workload,
+            rps=rps,
+            profile=profile,
+            n_prefill=n_prefill,
+            n_decode=n_decode,
+            slo=slo,
+            seed=args.seed,
+            num_requests=args.num_requests,
+            token_cfg=token_cfg,
+            role_cfg=role_cfg,
+            autoscale_cfg=autoscale,
+            pairing=args.pairing,
+            timeout_s=args.timeout,
+            noise=args.noise,
+            drift=args.drift,
+            adaptive=args.adaptive,
+        )
+        for workload in workloads
+        for rps in args.rps
+        for policy in policies
+    ]
+
+
+def run(args: argparse.Namespace) -> int:
+    specs = specs_from_args(args)
+    out_dir = Path(args.out)
+    command = "fluidpd " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    started = time.perf_counter()
+    bar = tqdm(total=len(specs), unit="run", disable=args.quiet, file=sys.stderr)
+
+    def progress(out: RunOutput) -> None:
+        r = out.record
+        bar.set_postfix_str(f"{r['workload']} {r['rps']:g}rps {r['policy']}")
+        bar.update()
+
+    outputs = run_many(specs, jobs=args.jobs, progress=progress)
+    bar.close()
+    path = write_results(out_dir, outputs, command)
+    if not args.no_plots:
+        _plots(out_dir, outputs, args)
+    print(format_table([o.record for o in outputs]))
+    print(f"\nwrote {path} ({len(outputs)} runs, {time.perf_counter() - started:.1f} s)")
+    return 0
+
+
+def _plots(out_dir: Path, outputs: list[RunOutput], args: argparse.Namespace) -> None:
+    rates = sorted({float(o.record["rps"]) for o in outputs})
+    chosen = args.timeseries_rps if args.timeseries_rps in rates else rates[len(rates) // 2]
+    series = {
+        series_key(o.record): o.series
+        for o in outputs
+        if o.series and float(o.record["rps"]) == chosen
+    }
+    edges: dict[str, list[float]] = {}
+    for o in outputs:
+        if o.series and o.record["workload"] not in edges:
+            spec_workload = build_workload(
+                str(o.record["workload"]), chosen, seed=args.seed, num_requests=args.num_requests
+            )
+            edges[str(o.record["workload"])] = [
+                float(spec_workload.arrivals[a]) for _, a, _ in spec_workload.windows[1:]
+            ]
+    records = [o.record for o in outputs]
+    ablation_rps = {str(r["workload"]): chosen for r in records}
+    for written in write_plots(out_dir, records, series, args.ttft_slo, edges, ablation_rps):
+        print(f"plot: {written}")

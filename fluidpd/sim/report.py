@@ -1,0 +1,77 @@
+"""Writes a sweep's results.json and time series, and formats the attainment table."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from fluidpd import __version__
+from fluidpd.sim.policies import POLICY_NAMES
+from fluidpd.sim.runner import RunOutput
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-") or "run"
+
+
+def series_key(record: Mapping[str, Any]) -> tuple[str, float, str]:
+    return (str(record["workload"]), float(record["rps"]), str(record["policy"]))
+
+
+def write_results(out_dir: Path, outputs: Sequence[RunOutput], command: str) -> Path:
+    """``results.json`` (the ``runs`` list is the contract) plus one time-series file per run."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "results.json"
+    doc = {
+        "runs": [o.record for o in outputs],
+        "command": command,
+        "fluidpd_version": __version__,
+    }
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    ts_dir = out_dir / "timeseries"
+    for o in outputs:
+        if not o.series:
+            continue
+        ts_dir.mkdir(exist_ok=True)
+        workload, rps, policy = series_key(o.record)
+        name = f"{_slug(Path(workload).stem)}_{rps:g}rps_{policy}.json"
+        (ts_dir / name).write_text(json.dumps(o.series) + "\n")
+    (out_dir / "command.txt").write_text(command + "\n")
+    return path
+
+
+def format_table(records: Sequence[Mapping[str, Any]]) -> str:
+    """Overall SLO attainment (%) per workload and rate, one column per policy."""
+    policies = [p for p in POLICY_NAMES if any(r["policy"] == p for r in records)]
+    rows: dict[tuple[str, float], dict[str, Mapping[str, Any]]] = {}
+    for r in records:
+        workload, rps, policy = series_key(r)
+        rows.setdefault((workload, rps), {})[policy] = r
+    head = f"{'workload':<16} {'rps':>6}  " + "  ".join(f"{p:>10}" for p in policies)
+    lines = ["SLO attainment (%; TTFT and TPOT both met)", head, "-" * len(head)]
+    for (workload, rps), by_policy in sorted(rows.items()):
+        cells = []
+        for p in policies:
+            rec = by_policy.get(p)
+            cells.append(f"{100 * float(rec['slo_attainment']):>10.1f}" if rec else f"{'-':>10}")
+        lines.append(f"{Path(workload).stem[:16]:<16} {rps:>6g}  " + "  ".join(cells))
+    detail = [r for r in records if r["policy"] in ("fluidpd", "fluidrole", "fluidtoken")]
+    if detail:
+        lines.append("")
+        lines.append(
+            f"{'workload':<16} {'rps':>6}  {'policy':<10} {'switches':>8} {'stolen tok':>11}"
+            f" {'TTFT %':>7} {'TPOT %':>7} {'failed':>7}"
+        )
+        for r in sorted(detail, key=series_key):
+            workload, rps, policy = series_key(r)
+            switches = r["role_switches"]
+            assert isinstance(switches, list)
+            lines.append(
+                f"{Path(workload).stem[:16]:<16} {rps:>6g}  {policy:<10} {len(switches):>8}"
+                f" {r['stolen_tokens']:>11} {100 * float(r['ttft_attainment']):>7.1f}"
+                f" {100 * float(r['tpot_attainment']):>7.1f} {r['failed']:>7}"
+            )
+    return "\n".join(lines)

@@ -1,0 +1,606 @@
+"""Property tests for FluidToken: Algorithm 1 (plan_stealing), budgets (eqs. 12-17), eq. 16.
+
+The reference oracle below is a plain loop transcription of the paper's Algorithm 1. Times in the
+oracle-equivalence and brute-force tests live on a coarse grid (integer predictor coefficients,
+integer or half-integer deadlines), so every quantity the two implementations compare is exact
+in floating point and no decision sits on a rounding tie.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from fluidpd.core.fluidtoken import (
+    max_admissible_suffix,
+    plan_stealing,
+    steal_budget,
+    stealing_allowed,
+)
+from fluidpd.core.predictors import PrefillPredictor, SuffixPredictor
+from fluidpd.core.signals import steal_ppi
+
+# --------------------------------------------------------------------------------------------
+# Reference oracle: Algorithm 1, line by line.
+# --------------------------------------------------------------------------------------------
+
+
+def _oracle_caps(
+    lengths: list[int],
+    deadlines: list[float],
+    now: float,
+    backlog: float,
+    prefill: PrefillPredictor,
+    suffix: SuffixPredictor,
+) -> list[int]:
+    """The donor cap (`_donor_caps`' rule), computed by enumeration instead of a closed form.
+
+    A request already predicted to miss its deadline (X_j > 0 with no stealing) may give every
+    token. Any other request j may give x tokens only while it stays TTFT-schedulable under the
+    affine saving: T_sfx(y) - c1 y <= slack_j for every 1 <= y <= x.
+    """
+    caps: list[int] = []
+    work = backlog
+    for length, ddl in zip(lengths, deadlines, strict=True):
+        work += prefill.time(length)
+        slack = (ddl - now) - work
+        if slack < 0:  # violating: X_j > 0
+            caps.append(length)
+            continue
+        x = 0
+        while x < length and suffix.time(x + 1) - prefill.c1 * (x + 1) <= slack:
+            x += 1
+        caps.append(x)
+    return caps
+
+
+def oracle_algorithm1(
+    lengths: list[int],
+    deadlines: list[float],
+    decode_index: list[int],
+    budgets: list[float],
+    now: float,
+    prefill: PrefillPredictor,
+    suffix: SuffixPredictor,
+    backlog: float = 0.0,
+) -> list[int]:
+    """Algorithm 1 of the paper (plus the donor cap); X_i from eq. (19) on the current state."""
+    n = len(lengths)
+    stolen = [0] * n  # line 3
+    budget = [math.floor(max(b, 0.0)) for b in budgets]  # line 4 (whole tokens)
+    caps = _oracle_caps(lengths, deadlines, now, backlog, prefill, suffix)
+    for i in range(n):  # line 5
+        # Line 6, eq. (19) with the current stolen vector: sum of prefix work up to i, and i's
+        # prefix deadline t_i^ddl - T_sfx(stolen_i) (eq. 9).
+        work = backlog + sum(prefill.time(lengths[k] - stolen[k]) for k in range(i + 1))
+        pfx_ddl = deadlines[i] - suffix.time(stolen[i])
+        x_i = (work - (pfx_ddl - now)) / prefill.c1
+        if x_i <= 0:  # lines 7-9
+            continue
+        need = math.ceil(x_i)  # line 10, in whole tokens
+        for j in range(i):  # line 11, earliest request first
+            if need <= 0:  # lines 12-14
+                break
+            d = decode_index[j]  # line 15
+            take = min(need, caps[j] - stolen[j], budget[d])  # line 16 (+ donor cap)
+            take = max(take, 0)
+            stolen[j] += take  # line 17
+            budget[d] -= take  # line 18
+            need -= take  # line 19
+    return stolen
+
+
+# --------------------------------------------------------------------------------------------
+# Strategies
+# --------------------------------------------------------------------------------------------
+
+
+@st.composite
+def grid_instances(draw: st.DrawFn) -> dict[str, object]:
+    """Queues on a half-integer grid: c2 = 0, integer coefficients, deadlines = k + 0.5.
+
+    Every slack and every deficit is then a half-integer (over c1), so no comparison in either
+    implementation is a float tie.
+    """
+    n = draw(st.integers(1, 9))
+    n_decode = draw(st.integers(1, 3))
+    c1 = draw(st.integers(1, 3))
+    c0 = draw(st.integers(0, 4))
+    s1 = draw(st.integers(1, 5))
+    s0 = draw(st.integers(0, 5))
+    s2 = draw(st.sampled_from([0, 0, 1]))
+    now = float(draw(st.integers(0, 40)))
+    lengths = draw(st.lists(st.integers(1, 20), min_size=n, max_size=n))
+    rel = draw(st.lists(st.integers(-10, 120), min_size=n, max_size=n))
+    deadlines = [now + r + 0.5 for r in rel]
+    decode_index = draw(st.lists(st.integers(0, n_decode - 1), min_size=n, max_size=n))
+    budgets = draw(
+        st.lists(
+            st.one_of(st.integers(0, 60).map(float), st.floats(0.0, 60.0)),
+            min_size=n_decode,
+            max_size=n_decode,
+        )
+    )
+    backlog = float(draw(st.integers(0, 6)))
+    return {
+        "lengths": lengths,
+        "deadlines": deadlines,
+        "decode_index": decode_index,
+        "budgets": budgets,
+        "now": now,
+        "prefill": PrefillPredictor(c1=float(c1), c0=float(c0)),
+        "suffix": SuffixPredictor(s1=float(s1), s0=float(s0), s2=float(s2)),
+        "backlog": backlog,
+    }
+
+
+def _plan(inst: dict[str, object]) -> np.ndarray:
+    plan = plan_stealing(
+        np.asarray(inst["lengths"], dtype=np.int64),
+        np.asarray(inst["deadlines"], dtype=np.float64),
+        np.asarray(inst["decode_index"], dtype=np.int64),
+        np.asarray(inst["budgets"], dtype=np.float64),
+        inst["now"],  # type: ignore[arg-type]
+        inst["prefill"],  # type: ignore[arg-type]
+        inst["suffix"],  # type: ignore[arg-type]
+        inst["backlog"],  # type: ignore[arg-type]
+    )
+    return plan.stolen
+
+
+@st.composite
+def realistic_instances(draw: st.DrawFn) -> dict[str, object]:
+    """Seconds-scale queues with arbitrary (quadratic, costly-suffix) predictors."""
+    n = draw(st.integers(1, 24))
+    n_decode = draw(st.integers(1, 4))
+    c1 = draw(st.floats(1e-5, 5e-4))
+    c0 = draw(st.one_of(st.just(0.0), st.floats(0.0, 0.05)))
+    c2 = draw(st.one_of(st.just(0.0), st.floats(1e-10, 1e-7)))
+    # s1 below, equal to and above c1; s0 = 0 and s0 > 0.
+    s1 = draw(st.one_of(st.just(c1), st.floats(1e-5, 1e-3)))
+    s0 = draw(st.one_of(st.just(0.0), st.floats(0.0, 0.2)))
+    s2 = draw(st.one_of(st.just(0.0), st.floats(1e-10, 1e-7)))
+    now = draw(st.floats(0.0, 100.0))
+    lengths = draw(st.lists(st.integers(1, 4000), min_size=n, max_size=n))
+    rel = draw(st.lists(st.floats(-1.0, 8.0), min_size=n, max_size=n))
+    decode_index = draw(st.lists(st.integers(0, n_decode - 1), min_size=n, max_size=n))
+    budgets = draw(st.lists(st.floats(0.0, 6000.0), min_size=n_decode, max_size=n_decode))
+    backlog = draw(st.one_of(st.just(0.0), st.floats(0.0, 1.0)))
+    return {
+        "lengths": lengths,
+        "deadlines": [now + r for r in rel],
+        "decode_index": decode_index,
+        "budgets": budgets,
+        "now": now,
+        "prefill": PrefillPredictor(c1=c1, c0=c0, c2=c2),
+        "suffix": SuffixPredictor(s1=s1, s0=s0, s2=s2),
+        "backlog": backlog,
+    }
+
+
+def _violations(inst: dict[str, object], stolen: np.ndarray) -> int:
+    ppi = steal_ppi(
+        np.asarray(inst["lengths"], dtype=np.int64),
+        np.asarray(stolen, dtype=np.int64),
+        np.asarray(inst["deadlines"], dtype=np.float64),
+        inst["now"],  # type: ignore[arg-type]
+        inst["prefill"],  # type: ignore[arg-type]
+        inst["suffix"],  # type: ignore[arg-type]
+        inst["backlog"],  # type: ignore[arg-type]
+    )
+    return int(np.count_nonzero(ppi > 1.0))
+
+
+# --------------------------------------------------------------------------------------------
+# Oracle equivalence
+# --------------------------------------------------------------------------------------------
+
+
+@settings(max_examples=400, deadline=None)
+@given(grid_instances())
+def test_plan_stealing_equals_algorithm1_loop(inst: dict[str, object]) -> None:
+    expected = oracle_algorithm1(
+        inst["lengths"],  # type: ignore[arg-type]
+        inst["deadlines"],  # type: ignore[arg-type]
+        inst["decode_index"],  # type: ignore[arg-type]
+        inst["budgets"],  # type: ignore[arg-type]
+        inst["now"],  # type: ignore[arg-type]
+        inst["prefill"],  # type: ignore[arg-type]
+        inst["suffix"],  # type: ignore[arg-type]
+        inst["backlog"],  # type: ignore[arg-type]
+    )
+    assert _plan(inst).tolist() == expected
+
+
+def test_oracle_is_not_trivial() -> None:
+    """Guard for the oracle test: on a pressured queue both sides steal something."""
+    inst: dict[str, object] = {
+        "lengths": [10, 10, 10, 10],
+        "deadlines": [100.5, 12.5, 22.5, 30.5],
+        "decode_index": [0, 1, 0, 1],
+        "budgets": [6.0, 4.0],
+        "now": 0.0,
+        "prefill": PrefillPredictor(c1=1.0, c0=0.0),
+        "suffix": SuffixPredictor(s1=1.0, s0=0.0),
+        "backlog": 0.0,
+    }
+    expected = oracle_algorithm1(**inst)  # type: ignore[arg-type]
+    assert sum(expected) > 0
+    assert _plan(inst).tolist() == expected
+
+
+def test_plan_stealing_hand_example() -> None:
+    """A worked example: request 1 is 20 tokens late and request 0 can give them."""
+    prefill = PrefillPredictor(c1=0.01, c0=0.1)
+    suffix = SuffixPredictor(s1=0.02, s0=0.05)
+    lengths = np.array([100, 200, 50])
+    deadlines = np.array([3.0, 4.0, 5.0])  # arrivals 0, 1, 2 with S_TTFT = 3
+    idx = np.zeros(3, dtype=np.int64)
+    # Deficits with no stealing: cumulative work 1.1, 3.2, 3.8 vs remaining 2, 3, 4 -> X_1 = 20.
+    plan = plan_stealing(lengths, deadlines, idx, np.array([100.0]), 1.0, prefill, suffix)
+    assert plan.stolen.tolist() == [20, 0, 0]
+    assert plan.ppi == pytest.approx(3.2 / 3.0)
+    # Budget-limited.
+    plan = plan_stealing(lengths, deadlines, idx, np.array([10.9]), 1.0, prefill, suffix)
+    assert plan.stolen.tolist() == [10, 0, 0]
+    # Request 0's donor cap: 0.02 x + 0.05 - 0.01 x <= 0.9 -> x <= 85 (tokens beyond would make
+    # request 0 itself late), so a huge need is capped at 84 or 85 tokens, never more.
+    late = np.array([3.0, 1.5, 5.0])
+    plan = plan_stealing(lengths, late, idx, np.array([1000.0]), 1.0, prefill, suffix)
+    assert 84 <= plan.stolen[0] <= 85
+    assert plan.betas(lengths)[0] == pytest.approx(plan.stolen[0] / 100)
+    # A queue that is already schedulable steals nothing.
+    easy = np.array([30.0, 30.0, 30.0])
+    plan = plan_stealing(lengths, easy, idx, np.array([1000.0]), 1.0, prefill, suffix)
+    assert plan.stolen.tolist() == [0, 0, 0]
+    assert plan.ppi <= 1.0
+
+
+# --------------------------------------------------------------------------------------------
+# Budgets and ratio bounds
+# --------------------------------------------------------------------------------------------
+
+
+def _check_bounds(inst: dict[str, object], stolen: np.ndarray) -> None:
+    lengths = np.asarray(inst["lengths"])
+    idx = np.asarray(inst["decode_index"])
+    assert stolen.shape == lengths.shape
+    assert np.all(stolen >= 0)
+    assert np.all(stolen <= lengths)
+    betas = stolen / lengths
+    assert np.all((betas >= 0) & (betas <= 1))
+    for d, b in enumerate(inst["budgets"]):  # type: ignore[arg-type]
+        assert stolen[idx == d].sum() <= math.floor(b), (d, b, stolen.tolist())
+
+
+@settings(max_examples=300, deadline=None)
+@given(realistic_instances())
+def test_budgets_never_exceeded_realistic(inst: dict[str, object]) -> None:
+    _check_bounds(inst, _plan(inst))
+
+
+@settings(max_examples=200, deadline=None)
+@given(grid_instances())
+def test_budgets_never_exceeded_grid(inst: dict[str, object]) -> None:
+    _check_bounds(inst, _plan(inst))
+
+
+def test_zero_budgets_steal_nothing() -> None:
+    lengths = np.array([500, 500, 500])
+    plan = plan_stealing(
+        lengths,
+        np.array([0.1, 0.1, 0.1]),
+        np.array([0, 1, 0]),
+        np.array([0.0, 0.99]),  # floor(0.99) = 0 tokens
+        0.0,
+        PrefillPredictor(c1=1e-3, c0=0.0),
+        SuffixPredictor(s1=1e-3, s0=0.0),
+    )
+    assert plan.stolen.tolist() == [0, 0, 0]
+
+
+# --------------------------------------------------------------------------------------------
+# Stealing never increases predicted violations
+# --------------------------------------------------------------------------------------------
+
+
+@settings(max_examples=400, deadline=None)
+@given(realistic_instances())
+def test_stealing_never_increases_violations_realistic(inst: dict[str, object]) -> None:
+    stolen = _plan(inst)
+    zero = np.zeros(len(stolen), dtype=np.int64)
+    assert _violations(inst, stolen) <= _violations(inst, zero)
+
+
+@settings(max_examples=300, deadline=None)
+@given(grid_instances())
+def test_stealing_never_increases_violations_grid(inst: dict[str, object]) -> None:
+    stolen = _plan(inst)
+    zero = np.zeros(len(stolen), dtype=np.int64)
+    assert _violations(inst, stolen) <= _violations(inst, zero)
+
+
+def test_costly_suffix_does_not_create_a_violation() -> None:
+    """s1 > c1 and s0 > 0: a barely-schedulable donor must not be pushed past its deadline."""
+    prefill = PrefillPredictor(c1=1.0, c0=0.0)
+    suffix = SuffixPredictor(s1=3.0, s0=2.0)
+    # Request 0: work 10, remaining 12.5, slack 2.5; giving x >= 1 tokens costs it
+    # s0 + (s1 - c1) x = 2 + 2x > 2.5, so it can give nothing. Request 1 is 5.5 tokens late.
+    inst: dict[str, object] = {
+        "lengths": [10, 10],
+        "deadlines": [12.5, 14.5],
+        "decode_index": [0, 0],
+        "budgets": [100.0],
+        "now": 0.0,
+        "prefill": prefill,
+        "suffix": suffix,
+        "backlog": 0.0,
+    }
+    stolen = _plan(inst)
+    assert stolen.tolist() == [0, 0]
+    assert _violations(inst, stolen) == 1
+
+
+# --------------------------------------------------------------------------------------------
+# Greedy = brute force (paper's exchange argument) on small single-decode instances
+# --------------------------------------------------------------------------------------------
+
+
+@st.composite
+def tiny_instances(draw: st.DrawFn) -> dict[str, object]:
+    n = draw(st.integers(1, 4))
+    c1 = draw(st.integers(1, 2))
+    c0 = draw(st.integers(c1, c1 + 3))
+    now = float(draw(st.integers(0, 5)))
+    lengths = draw(st.lists(st.integers(1, 5), min_size=n, max_size=n))
+    rel = draw(st.lists(st.integers(-2, 40), min_size=n, max_size=n))
+    return {
+        "lengths": lengths,
+        "deadlines": [now + r for r in rel],
+        "decode_index": [0] * n,
+        "budgets": [float(draw(st.integers(0, 8)))],
+        "now": now,
+        "prefill": PrefillPredictor(c1=float(c1), c0=float(c0)),
+        "suffix": SuffixPredictor(s1=float(c1), s0=0.0),
+        "backlog": float(draw(st.integers(0, 3))),
+    }
+
+
+def _brute_force_min_violations(inst: dict[str, object]) -> int:
+    lengths: list[int] = inst["lengths"]  # type: ignore[assignment]
+    budget = math.floor(inst["budgets"][0])  # type: ignore[index]
+    best = len(lengths)
+    for vec in itertools.product(*(range(length + 1) for length in lengths)):
+        if sum(vec) > budget:
+            continue
+        best = min(best, _violations(inst, np.array(vec, dtype=np.int64)))
+    return best
+
+
+@settings(max_examples=80, deadline=None)
+@given(tiny_instances())
+def test_greedy_equals_brute_force(inst: dict[str, object]) -> None:
+    stolen = _plan(inst)
+    assert int(stolen.sum()) <= math.floor(inst["budgets"][0])  # type: ignore[index]
+    assert _violations(inst, stolen) == _brute_force_min_violations(inst)
+
+
+def test_greedy_equals_brute_force_worked_case() -> None:
+    """Three requests, one token of slack each way: the greedy must pick the earliest donor."""
+    inst: dict[str, object] = {
+        "lengths": [3, 3, 3],
+        "deadlines": [4.0, 6.0, 9.0],
+        "decode_index": [0, 0, 0],
+        "budgets": [2.0],
+        "now": 0.0,
+        "prefill": PrefillPredictor(c1=1.0, c0=1.0),
+        "suffix": SuffixPredictor(s1=1.0, s0=0.0),
+        "backlog": 0.0,
+    }
+    # Work 4, 8, 12 vs deadlines 4, 6, 9: request 1 is 2 late, request 2 is 3 late. With 2
+    # tokens from request 0, request 1 is fixed; request 2 can't be (budget), so 1 violation.
+    stolen = _plan(inst)
+    assert stolen.tolist() == [2, 0, 0]
+    assert _violations(inst, stolen) == 1 == _brute_force_min_violations(inst)
+
+
+# --------------------------------------------------------------------------------------------
+# Eq. (16): the inverse suffix predictor
+# --------------------------------------------------------------------------------------------
+
+
+@st.composite
+def suffix_and_budget(draw: st.DrawFn) -> tuple[SuffixPredictor, float, int]:
+    s1 = draw(st.floats(1e-6, 1e-2))
+    s0 = draw(st.one_of(st.just(0.0), st.floats(0.0, 0.05)))
+    s2 = draw(st.one_of(st.just(0.0), st.floats(1e-10, 1e-6)))
+    p = SuffixPredictor(s1=s1, s0=s0, s2=s2)
+    n = draw(st.integers(0, 50_000))
+    frac = draw(st.floats(1e-3, 1.0 - 1e-3))
+    lo = p.time(n)
+    t = lo + frac * (p.time(n + 1) - lo)
+    return p, t, n
+
+
+@settings(max_examples=500, deadline=None)
+@given(suffix_and_budget())
+def test_max_tokens_is_largest_fitting_integer(case: tuple[SuffixPredictor, float, int]) -> None:
+    p, t, n = case
+    x = p.max_tokens(t)
+    assert x == n
+    assert p.time(x) <= t
+    assert p.time(x + 1) > t
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.floats(1e-6, 1e-2), st.floats(0.0, 0.05), st.integers(1, 50_000))
+def test_max_tokens_exact_boundary_linear(s1: float, s0: float, n: int) -> None:
+    """With s2 = 0 a budget of exactly T_sfx(n) admits n tokens."""
+    p = SuffixPredictor(s1=s1, s0=s0)
+    assert p.max_tokens(p.time(n)) == n
+
+
+@pytest.mark.parametrize("n", [1, 7, 128, 1000, 4096, 20_000])
+def test_max_tokens_exact_boundary_profile_values(n: int) -> None:
+    # The llama-3.1-8b profile's suffix coefficients (in seconds).
+    p = SuffixPredictor(s1=7.2e-5, s0=4e-3, s2=1.3e-9)
+    assert p.max_tokens(p.time(n)) == n
+
+
+@pytest.mark.parametrize(
+    ("s1", "s0", "s2", "n"),
+    [(1.0, 0.0, 1e-9, 1), (1.0, 0.0, 1e-9, 2), (1e-3, 0.0, 1e-12, 5)],
+)
+def test_max_tokens_exact_boundary_quadratic(s1: float, s0: float, s2: float, n: int) -> None:
+    p = SuffixPredictor(s1=s1, s0=s0, s2=s2)
+    assert p.time(n) <= p.time(n)  # n itself fits a budget of exactly T_sfx(n) ...
+    assert p.max_tokens(p.time(n)) == n  # ... but max_tokens returns n - 1
+
+
+def test_max_tokens_one_token_threshold_rounding() -> None:
+    p = SuffixPredictor(s1=0.2, s0=0.1, s2=0.3)
+    t = p.time(1)  # 0.6, while 0.1 + 0.2 + 0.3 == 0.6000000000000001
+    assert p.max_tokens(t) == 1
+
+
+@pytest.mark.parametrize("s2", [0.0, 1e-3])
+def test_max_tokens_below_one_token(s2: float) -> None:
+    p = SuffixPredictor(s1=0.01, s0=0.005, s2=s2)
+    assert p.max_tokens(0.0) == 0
+    assert p.max_tokens(-1.0) == 0
+    assert p.max_tokens(p.time(1) * (1 - 1e-9)) == 0
+    assert p.max_tokens(p.time(3) * (1 + 1e-12)) == 3
+
+
+# --------------------------------------------------------------------------------------------
+# Eqs. (12)-(17): budgets
+# --------------------------------------------------------------------------------------------
+
+
+@given(
+    st.floats(0.0, 2.0),
+    st.floats(0.01, 1.0),
+    st.integers(0, 100_000),
+    st.integers(1, 16),
+)
+def test_steal_budget_gate_and_share(load: float, high: float, max_sfx: int, n_p: int) -> None:
+    b = steal_budget(load, max_sfx, n_p, high)
+    if load >= high:
+        assert b == 0.0
+        assert not stealing_allowed(load, high)
+    else:
+        assert b == pytest.approx(max_sfx / n_p)
+        assert stealing_allowed(load, high)
+
+
+def test_steal_budget_boundary_and_no_prefill() -> None:
+    assert steal_budget(0.6, 1000, 2, 0.6) == 0.0  # at the threshold: no stealing (eq. 17)
+    assert steal_budget(0.59999, 1000, 4, 0.6) == 250.0
+    assert steal_budget(0.0, 1000, 0, 0.6) == 0.0
+
+
+@given(
+    st.floats(-1.0, 0.0),
+    st.floats(0.1, 3.0),
+    st.floats(1e-6, 1e-3),
+    st.floats(0.0, 0.01),
+)
+def test_max_admissible_suffix_zero_for_non_positive_slack(
+    slack: float, eta: float, s1: float, s0: float
+) -> None:
+    assert max_admissible_suffix(slack, eta, SuffixPredictor(s1=s1, s0=s0)) == 0
+
+
+@given(st.floats(1e-4, 1.0), st.floats(0.1, 3.0), st.floats(1e-6, 1e-3), st.floats(0.0, 0.01))
+def test_max_admissible_suffix_inverts_eta_slack(
+    slack: float, eta: float, s1: float, s0: float
+) -> None:
+    p = SuffixPredictor(s1=s1, s0=s0)
+    x = max_admissible_suffix(slack, eta, p)
+    budget = eta * slack
+    assume(abs(p.time(x + 1) - budget) > 1e-12 and abs(p.time(max(x, 1)) - budget) > 1e-12)
+    assert x == p.max_tokens(budget)
+    if x > 0:
+        assert p.time(x) <= eta * slack
+    assert p.time(x + 1) > eta * slack
+
+
+def test_max_admissible_suffix_hand_example() -> None:
+    # eta * slack = 1.25 * 0.04 = 0.05 s; (0.05 - 0.002) / 1e-4 = 480 tokens.
+    p = SuffixPredictor(s1=1e-4, s0=0.002)
+    assert max_admissible_suffix(0.04, 1.25, p) == 480
+
+
+def test_donor_cap_with_cheap_suffix_and_large_s0() -> None:
+    prefill = PrefillPredictor(c1=1.0, c0=0.0)
+    suffix = SuffixPredictor(s1=0.5, s0=2.0)  # cheaper per token than prefill, fixed cost 2
+    inst: dict[str, object] = {
+        "lengths": [10, 10],
+        "deadlines": [11.5, 15.0],  # request 0: slack 1.5 < s0; request 1: 5 tokens late
+        "decode_index": [0, 0],
+        "budgets": [100.0],
+        "now": 0.0,
+        "prefill": prefill,
+        "suffix": suffix,
+        "backlog": 0.0,
+    }
+    # Stealing 5 tokens from request 0 keeps it schedulable (prefix work 5 against
+    # 11.5 - T_sfx(5) = 7: PPI_0 = 5/7) and fixes request 1 (PPI_1 = 10/10): zero violations.
+    assert _violations(inst, np.array([5, 0])) == 0
+    assert _violations(inst, _plan(inst)) == 0
+
+
+# --------------------------------------------------------------------------------------------
+# The scheduler commits only the head's share: head_only must agree with the full plan
+# --------------------------------------------------------------------------------------------
+
+
+def _plan_head_only(inst: dict[str, object]) -> np.ndarray:
+    plan = plan_stealing(
+        np.asarray(inst["lengths"], dtype=np.int64),
+        np.asarray(inst["deadlines"], dtype=np.float64),
+        np.asarray(inst["decode_index"], dtype=np.int64),
+        np.asarray(inst["budgets"], dtype=np.float64),
+        inst["now"],  # type: ignore[arg-type]
+        inst["prefill"],  # type: ignore[arg-type]
+        inst["suffix"],  # type: ignore[arg-type]
+        inst["backlog"],  # type: ignore[arg-type]
+        head_only=True,
+    )
+    return plan.stolen
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(grid_instances(), realistic_instances()))
+def test_head_only_matches_full_plan_head(inst: dict[str, object]) -> None:
+    full = _plan(inst)
+    head = _plan_head_only(inst)
+    assert head.shape == full.shape
+    assert int(head[0]) == int(full[0])
+    assert not head[1:].any()
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    length=st.integers(1, 5000),
+    slack=st.floats(-1.0, 5.0, allow_nan=False),
+    c1=st.floats(1e-6, 1e-3),
+    s1=st.floats(1e-6, 1e-3),
+    s0=st.floats(0.0, 0.05),
+    s2=st.sampled_from([0.0, 1e-9, 1.3e-9, 1e-7]),
+)
+def test_head_cap_scalar_equals_array_form(
+    length: int, slack: float, c1: float, s1: float, s0: float, s2: float
+) -> None:
+    """The scheduler's scalar head cap and the planner's array form are the same rule."""
+    from fluidpd.core.fluidtoken import _donor_caps, _head_cap
+
+    pre = PrefillPredictor(c1=c1, c0=0.01)
+    sfx = SuffixPredictor(s1=s1, s0=s0, s2=s2)
+    arr = _donor_caps(np.array([float(length)]), np.array([slack]), np.array([False]), pre, sfx)[0]
+    assert _head_cap(float(length), slack, pre, sfx) == arr
