@@ -132,6 +132,7 @@ def _head_cap(
     a, b, c = suffix.s2, suffix.s1 - prefill.c1, suffix.s0 - slack
     if a + b + c > 0:
         return 0.0
+    fits: float
     if a > 0:
         fits = math.floor((math.sqrt(max(b * b - 4.0 * a * c, 0.0)) - b) / (2.0 * a))
     elif b > 0:

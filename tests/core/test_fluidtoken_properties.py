@@ -17,6 +17,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from fluidpd.core.fluidtoken import (
+    _donor_caps,
+    _head_cap,
     max_admissible_suffix,
     plan_stealing,
     steal_budget,
@@ -598,8 +600,6 @@ def test_head_cap_scalar_equals_array_form(
     length: int, slack: float, c1: float, s1: float, s0: float, s2: float
 ) -> None:
     """The scheduler's scalar head cap and the planner's array form are the same rule."""
-    from fluidpd.core.fluidtoken import _donor_caps, _head_cap
-
     pre = PrefillPredictor(c1=c1, c0=0.01)
     sfx = SuffixPredictor(s1=s1, s0=s0, s2=s2)
     arr = _donor_caps(np.array([float(length)]), np.array([slack]), np.array([False]), pre, sfx)[0]
