@@ -78,6 +78,9 @@ class PoolPressure:
     ppi_bar: float
     dpi_load_bar: float
     dpi_adm_bar: float
+    #: Active pool sizes, for projecting a pool's pressure after it gives up one worker.
+    n_prefill: int = 1
+    n_decode: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,13 +122,34 @@ def wants_prefill_to_decode(p: PoolPressure, cfg: FluidRoleConfig) -> bool:
     return p.dpi_adm_bar > cfg.dpi_adm_high and p.ppi_bar < cfg.ppi_low
 
 
+def _shrunk(value: float, pool: int) -> float:
+    """A pool-average pressure after the pool loses one worker (its load spreads over the
+    rest); infinite for a pool of one."""
+    return value * pool / (pool - 1) if pool > 1 else float("inf")
+
+
+def decode_can_spare_one(p: PoolPressure, cfg: FluidRoleConfig) -> bool:
+    """Eq. (22)'s decode-side test applied to the decode pool as it will be after the switch.
+
+    The paper asks whether the decode pool "can safely relinquish one worker" and tests the
+    current DPI-bar_load; we test the projected one, so that a chain of D->P switches stops
+    before the remaining decode workers are pushed past the threshold (beyond the paper).
+    """
+    return _shrunk(p.dpi_load_bar, p.n_decode) < cfg.dpi_load_high
+
+
+def prefill_can_spare_one(p: PoolPressure, cfg: FluidRoleConfig) -> bool:
+    """Eq. (23)'s prefill-side test on the prefill pool as it will be after the switch."""
+    return _shrunk(p.ppi_bar, p.n_prefill) < cfg.ppi_low
+
+
 def recommend(p: PoolPressure, cfg: FluidRoleConfig) -> Recommendation:
     """The switch (or capacity request) the current pool pressure calls for."""
-    if wants_decode_to_prefill(p, cfg):
+    if wants_decode_to_prefill(p, cfg) and decode_can_spare_one(p, cfg):
         return Recommendation.D_TO_P
-    if wants_prefill_to_decode(p, cfg):
+    if wants_prefill_to_decode(p, cfg) and prefill_can_spare_one(p, cfg):
         return Recommendation.P_TO_D
-    if p.ppi_bar > cfg.ppi_high and p.dpi_load_bar >= cfg.dpi_load_high:
+    if p.ppi_bar > cfg.ppi_high and not decode_can_spare_one(p, cfg):
         return Recommendation.NEEDS_CAPACITY
     return Recommendation.NONE
 
@@ -167,7 +191,9 @@ class FluidRolePolicy:
             del self._windows[gone]
         decode = [w for w in workers if w.role is Role.DECODE and w.state is RoleState.ACTIVE]
         load, adm = decode_pool_pressure([w.dpi_load for w in decode], [w.dpi_adm for w in decode])
-        return PoolPressure(prefill_pool_pressure(percentiles), load, adm)
+        return PoolPressure(
+            prefill_pool_pressure(percentiles), load, adm, len(percentiles), len(decode)
+        )
 
     def observe(
         self, now: float, workers: Sequence[WorkerSignals]

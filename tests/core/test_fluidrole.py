@@ -134,15 +134,22 @@ def test_eq23_prefill_to_decode_strict_thresholds() -> None:
 @pytest.mark.parametrize(
     ("pressure", "expected"),
     [
-        (PoolPressure(2.0, 0.1, 0.0), Recommendation.D_TO_P),
-        (PoolPressure(2.0, 0.1, 0.95), Recommendation.D_TO_P),  # load has headroom
-        (PoolPressure(0.1, 0.1, 0.9), Recommendation.P_TO_D),
-        (PoolPressure(0.1, 0.9, 0.9), Recommendation.P_TO_D),
-        (PoolPressure(2.0, 0.6, 0.9), Recommendation.NEEDS_CAPACITY),  # both phases hot
-        (PoolPressure(2.0, 0.9, 0.0), Recommendation.NEEDS_CAPACITY),
-        (PoolPressure(0.8, 0.1, 0.9), Recommendation.NONE),  # PPI between low and high
-        (PoolPressure(0.8, 0.9, 0.0), Recommendation.NONE),
-        (PoolPressure(0.0, 0.0, 0.0), Recommendation.NONE),
+        (PoolPressure(2.0, 0.1, 0.0, 4, 4), Recommendation.D_TO_P),
+        (PoolPressure(2.0, 0.1, 0.95, 4, 4), Recommendation.D_TO_P),  # load has headroom
+        (PoolPressure(0.1, 0.1, 0.9, 4, 4), Recommendation.P_TO_D),
+        (PoolPressure(0.1, 0.9, 0.9, 4, 4), Recommendation.P_TO_D),
+        (PoolPressure(2.0, 0.6, 0.9, 4, 4), Recommendation.NEEDS_CAPACITY),  # both phases hot
+        (PoolPressure(2.0, 0.9, 0.0, 4, 4), Recommendation.NEEDS_CAPACITY),
+        (PoolPressure(0.8, 0.1, 0.9, 4, 4), Recommendation.NONE),  # PPI between low and high
+        (PoolPressure(0.8, 0.9, 0.0, 4, 4), Recommendation.NONE),
+        (PoolPressure(0.0, 0.0, 0.0, 4, 4), Recommendation.NONE),
+        # Eq. (22) holds, but 3 decode workers would carry 0.5 * 4/3 > 0.6: no D->P.
+        (PoolPressure(2.0, 0.5, 0.0, 4, 4), Recommendation.NEEDS_CAPACITY),
+        # Eq. (23) holds, but 3 prefill workers would see PPI 0.5 * 4/3 > 0.6: no P->D.
+        (PoolPressure(0.5, 0.0, 0.9, 4, 4), Recommendation.NONE),
+        # A pool of one can never spare a worker.
+        (PoolPressure(2.0, 0.0, 0.0, 4, 1), Recommendation.NEEDS_CAPACITY),
+        (PoolPressure(0.0, 0.0, 0.9, 1, 4), Recommendation.NONE),
     ],
 )
 def test_recommend(pressure: PoolPressure, expected: Recommendation) -> None:
@@ -246,11 +253,11 @@ def test_never_below_min_decode() -> None:
 
 
 def test_never_below_min_prefill() -> None:
-    cfg = FluidRoleConfig(n_persist=1, cooldown_s=0.0, reversal_cooldown_s=0.0)
+    cfg = FluidRoleConfig(n_persist=1, cooldown_s=0.0, reversal_cooldown_s=0.0, min_prefill=2)
     pol = FluidRolePolicy(cfg)
-    lone = [psig("p0", 0.1), dsig("d0", adm=0.9), dsig("d1", adm=0.9)]
+    pair = [psig("p0", 0.1), psig("p1", 0.1), dsig("d0", adm=0.9), dsig("d1", adm=0.9)]
     for t in range(5):
-        assert pol.observe(float(t), lone) is Recommendation.NONE
+        assert pol.observe(float(t), pair) is Recommendation.NONE
     assert pol.last_recommendation is Recommendation.P_TO_D
 
 

@@ -1,0 +1,159 @@
+"""The ``fluidpd`` console script, run as a real process."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+RUN_FIELDS = {
+    "policy", "rps", "workload", "model", "gpu", "pd", "slo_attainment", "ttft_attainment",
+    "tpot_attainment", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms",
+    "median_tpot_ms", "p99_tpot_ms", "completed", "failed", "duration", "request_throughput",
+    "output_throughput", "role_switches", "stolen_tokens", "wall_s",
+}  # fmt: skip
+
+
+def fluidpd(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    exe = shutil.which("fluidpd")
+    assert exe, "the fluidpd console script is not installed (pip install -e .)"
+    return subprocess.run(
+        [exe, *args], capture_output=True, text=True, timeout=600, cwd=cwd, check=False
+    )
+
+
+def small_sim(out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return fluidpd(
+        "sim", "--workload", "azure-mixed", "--rps", "25,40", "--num-requests", "600",
+        "--policy", "static,fluidpd,oracle", "--quiet", "--jobs", "1", "--out", str(out), *extra,
+    )  # fmt: skip
+
+
+def test_sim_writes_the_results_contract_and_plots(tmp_path: Path) -> None:
+    proc = small_sim(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads((tmp_path / "results.json").read_text())
+    runs = doc["runs"]
+    assert len(runs) == 6
+    assert {(r["policy"], r["rps"]) for r in runs} == {
+        (p, r) for p in ("static", "fluidpd", "oracle") for r in (25.0, 40.0)
+    }
+    for r in runs:
+        assert RUN_FIELDS <= set(r), RUN_FIELDS - set(r)
+        for key in ("slo_attainment", "ttft_attainment", "tpot_attainment"):
+            assert 0.0 <= r[key] <= 1.0
+        assert r["slo_attainment"] <= min(r["ttft_attainment"], r["tpot_attainment"])
+        assert r["completed"] + r["failed"] == 600
+        for s in r["role_switches"]:
+            assert set(s) == {"t", "worker", "from", "to", "drain_s"}
+    by = {(r["policy"], r["rps"]): r for r in runs}
+    # The oracle is the best static split in hindsight: never below the fixed 4P4D.
+    assert by[("oracle", 40.0)]["slo_attainment"] >= by[("static", 40.0)]["slo_attainment"]
+    for name in ("attainment_vs_rps.png", "ablation.png", "command.txt"):
+        assert (tmp_path / name).stat().st_size > 0, name
+    assert list(tmp_path.glob("timeseries_azure-mixed_*.png"))
+    assert list((tmp_path / "timeseries").glob("*.json"))
+    assert "SLO attainment" in proc.stdout and "static" in proc.stdout
+
+
+def test_same_seed_gives_identical_results(tmp_path: Path) -> None:
+    """Everything but the measured wall time is reproducible."""
+    docs = []
+    for name in ("a", "b"):
+        assert small_sim(tmp_path / name, "--no-plots").returncode == 0
+        doc = json.loads((tmp_path / name / "results.json").read_text())
+        for r in doc["runs"]:
+            r.pop("wall_s")
+        doc.pop("command")
+        docs.append(doc)
+    assert docs[0] == docs[1]
+    other = small_sim(tmp_path / "c", "--no-plots", "--seed", "1")
+    assert other.returncode == 0
+    changed = json.loads((tmp_path / "c" / "results.json").read_text())["runs"]
+    assert [r["mean_ttft_ms"] for r in changed] != [r["mean_ttft_ms"] for r in docs[0]["runs"]]
+
+
+BAD_OPTIONS = [
+    (["--rps", "abc"], "--rps"),
+    (["--rps", "-5"], "--rps"),
+    (["--pd", "4X4"], "--pd"),
+    (["--pd", "0P4D"], "--pd"),
+    (["--policy", "fastest"], "--policy"),
+    (["--ttft-slo", "0"], "--ttft-slo"),
+    (["--num-requests", "0"], "--num-requests"),
+    (["--workload", "no-such-workload"], "no-such-workload"),
+    (["--model", "gpt-17"], "gpt-17"),
+    (["--drain-mode", "never"], "--drain-mode"),
+    (["--ppi-low", "2", "--ppi-high", "1"], "ppi_low"),
+    (["--min-prefill", "5", "--min-decode", "5"], "--min-prefill"),
+]
+
+
+@pytest.mark.parametrize(("args", "named"), BAD_OPTIONS)
+def test_bad_options_fail_in_one_line(tmp_path: Path, args: list[str], named: str) -> None:
+    proc = fluidpd("sim", "--quiet", "--out", str(tmp_path), *args)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert named in lines[0]
+    assert not (tmp_path / "results.json").exists()
+
+
+def test_bad_trace_file_names_file_and_line(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.csv"
+    trace.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:17:03.9799600,100,10\n"
+        "2023-11-16 18:17:04.0000000,many,10\n"
+    )
+    proc = fluidpd("sim", "--workload", str(trace), "--quiet", "--out", str(tmp_path / "o"))
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert str(trace) in proc.stderr and ":3" in proc.stderr
+
+
+def test_malformed_profile_names_file_and_field(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    src = Path(__file__).resolve().parents[1] / "profiles" / "llama-3.1-8b-a100-80gb.yaml"
+    bad.write_text(src.read_text().replace("c1_ms_per_token: 0.07", "c1_ms_per_token: -1"))
+    proc = fluidpd("sim", "--profile", str(bad), "--quiet", "--out", str(tmp_path / "o"))
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert "bad.yaml" in proc.stderr and "c1_ms_per_token" in proc.stderr
+
+
+def test_trace_file_workload_runs(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.csv"
+    rows = [
+        f"2023-11-16 18:17:{i // 10:02d}.{i % 10}000000,{200 + 37 * i},{5 + i}" for i in range(60)
+    ]
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "\n".join(rows) + "\n")
+    proc = fluidpd(
+        "sim", "--workload", str(trace), "--rps", "5", "--policy", "static,fluidpd",
+        "--quiet", "--no-plots", "--out", str(tmp_path / "o"),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    runs = json.loads((tmp_path / "o" / "results.json").read_text())["runs"]
+    assert all(r["completed"] == 60 for r in runs)
+
+
+def test_bench_writes_json(tmp_path: Path) -> None:
+    proc = fluidpd(
+        "bench", "--depth", "64", "--iterations", "50", "--skip-replay", "--out", str(tmp_path)
+    )
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads((tmp_path / "bench.json").read_text())
+    ctl = doc["control_iteration"]
+    assert ctl["queue_depth"] == 64
+    assert ctl["scheduler_iteration"]["median_us"] > 0
+    assert ctl["full_algorithm1"]["median_us"] > 0
+
+
+def test_profiles_lists_shipped_profiles() -> None:
+    proc = fluidpd("profiles")
+    assert proc.returncode == 0
+    assert "llama-3.1-8b-a100-80gb" in proc.stdout.split()
