@@ -42,7 +42,7 @@ def test_sim_writes_the_results_contract_and_plots(tmp_path: Path) -> None:
         (p, r) for p in ("static", "fluidpd", "oracle") for r in (25.0, 40.0)
     }
     for r in runs:
-        assert RUN_FIELDS <= set(r), RUN_FIELDS - set(r)
+        assert set(r) >= RUN_FIELDS, RUN_FIELDS - set(r)
         for key in ("slo_attainment", "ttft_attainment", "tpot_attainment"):
             assert 0.0 <= r[key] <= 1.0
         assert r["slo_attainment"] <= min(r["ttft_attainment"], r["tpot_attainment"])
