@@ -22,6 +22,7 @@ from fluidpd.sim.plots import write_plots
 from fluidpd.sim.policies import AutoscaleConfig, parse_pd, parse_policies
 from fluidpd.sim.report import format_table, series_key, write_results
 from fluidpd.sim.runner import RunOutput, RunSpec, default_jobs, run_many
+from fluidpd.sim.simulator import SimConfig
 from fluidpd.sim.workloads import WORKLOAD_NAMES, build_workload
 
 DEFAULT_OUT = "out/sim"
@@ -155,26 +156,23 @@ def specs_from_args(args: argparse.Namespace) -> list[RunSpec]:
             context_limit=profile.context_limit,
             num_requests=args.num_requests,
         )
+    base = SimConfig(
+        profile=profile,
+        slo=slo,
+        n_prefill=n_prefill,
+        n_decode=n_decode,
+        token_cfg=token_cfg,
+        role_cfg=role_cfg,
+        autoscale_cfg=autoscale,
+        pairing=args.pairing,
+        timeout_s=args.timeout,
+        noise=args.noise,
+        drift=args.drift,
+        adaptive=args.adaptive,
+        seed=args.seed,
+    )
     return [
-        RunSpec(
-            policy=policy,
-            workload=workload,
-            rps=rps,
-            profile=profile,
-            n_prefill=n_prefill,
-            n_decode=n_decode,
-            slo=slo,
-            seed=args.seed,
-            num_requests=args.num_requests,
-            token_cfg=token_cfg,
-            role_cfg=role_cfg,
-            autoscale_cfg=autoscale,
-            pairing=args.pairing,
-            timeout_s=args.timeout,
-            noise=args.noise,
-            drift=args.drift,
-            adaptive=args.adaptive,
-        )
+        RunSpec(policy, workload, rps, base, args.num_requests)
         for workload in workloads
         for rps in args.rps
         for policy in policies

@@ -9,59 +9,48 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from fluidpd.core.fluidrole import FluidRoleConfig
-from fluidpd.core.fluidtoken import FluidTokenConfig
 from fluidpd.core.profile import Profile
 from fluidpd.core.types import SLO, Request
 from fluidpd.sim.metrics import attainment, p95_ttft_series, run_metrics, windowed_attainment
-from fluidpd.sim.policies import MECHANISMS, AutoscaleConfig
+from fluidpd.sim.policies import MECHANISMS
 from fluidpd.sim.simulator import SimConfig, simulate
 from fluidpd.sim.workloads import Workload, build_workload
 
 
 @dataclass(frozen=True, slots=True)
 class RunSpec:
-    """Everything that determines one simulated run (picklable for worker processes)."""
+    """Everything that determines one simulated run (picklable for worker processes): the
+    policy, the workload at a rate, and the deployment it runs on (``base``, whose
+    mechanisms the policy replaces)."""
 
     policy: str
     workload: str
     rps: float
-    profile: Profile
-    n_prefill: int
-    n_decode: int
-    slo: SLO
-    seed: int = 0
+    base: SimConfig
     num_requests: int | None = None
-    token_cfg: FluidTokenConfig = FluidTokenConfig()
-    role_cfg: FluidRoleConfig = FluidRoleConfig()
-    autoscale_cfg: AutoscaleConfig = AutoscaleConfig()
-    pairing: str = "round-robin"
-    timeout_s: float = 60.0
-    noise: float = 0.0
-    drift: float = 1.0
-    adaptive: bool = False
+
+    @property
+    def profile(self) -> Profile:
+        return self.base.profile
+
+    @property
+    def slo(self) -> SLO:
+        return self.base.slo
+
+    @property
+    def seed(self) -> int:
+        return self.base.seed
 
     @property
     def pd(self) -> str:
-        return f"{self.n_prefill}P{self.n_decode}D"
+        return f"{self.base.n_prefill}P{self.base.n_decode}D"
 
     def sim_config(self, n_prefill: int | None = None, n_decode: int | None = None) -> SimConfig:
-        mech = MECHANISMS.get(self.policy, MECHANISMS["static"])
-        return SimConfig(
-            profile=self.profile,
-            slo=self.slo,
-            n_prefill=self.n_prefill if n_prefill is None else n_prefill,
-            n_decode=self.n_decode if n_decode is None else n_decode,
-            mechanisms=mech,
-            token_cfg=self.token_cfg,
-            role_cfg=self.role_cfg,
-            autoscale_cfg=self.autoscale_cfg,
-            pairing=self.pairing,
-            timeout_s=self.timeout_s,
-            noise=self.noise,
-            drift=self.drift,
-            adaptive=self.adaptive,
-            seed=self.seed,
+        return replace(
+            self.base,
+            mechanisms=MECHANISMS.get(self.policy, MECHANISMS["static"]),
+            n_prefill=self.base.n_prefill if n_prefill is None else n_prefill,
+            n_decode=self.base.n_decode if n_decode is None else n_decode,
         )
 
     def build_workload(self) -> Workload:
@@ -122,7 +111,7 @@ def _run_simulated(spec: RunSpec, workload: Workload) -> RunOutput:
             "wall_s": round(wall, 3),
         }
     )
-    bins_t, p95 = p95_ttft_series(result.requests, 10.0, spec.timeout_s)
+    bins_t, p95 = p95_ttft_series(result.requests, 10.0, spec.base.timeout_s)
     series: dict[str, object] = dict(result.series.as_dict())
     series["p95_ttft_t"] = bins_t
     series["p95_ttft"] = p95
@@ -134,7 +123,7 @@ def _run_oracle(spec: RunSpec, workload: Workload) -> RunOutput:
     edges (each window replayed on a fresh deployment of that split); with one window (mixed)
     this is the best single static split."""
     t0 = time.perf_counter()
-    n = spec.n_prefill + spec.n_decode
+    n = spec.base.n_prefill + spec.base.n_decode
     chosen: list[Request] = []
     switches: list[dict[str, object]] = []
     splits: dict[str, str] = {}
@@ -145,8 +134,8 @@ def _run_oracle(spec: RunSpec, workload: Workload) -> RunOutput:
         sub = _sub_workload(workload, a, b, label)
         best: tuple[float, int, list[Request]] | None = None
         for p in range(1, n):
-            static = replace(spec, policy="static", n_prefill=p, n_decode=n - p)
-            reqs = simulate(sub, static.sim_config()).requests
+            static = replace(spec, policy="static")
+            reqs = simulate(sub, static.sim_config(n_prefill=p, n_decode=n - p)).requests
             score = attainment(reqs, spec.slo)
             if best is None or score > best[0]:
                 best = (score, p, reqs)

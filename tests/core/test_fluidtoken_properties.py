@@ -141,7 +141,7 @@ def grid_instances(draw: st.DrawFn) -> dict[str, object]:
     }
 
 
-def _plan(inst: dict[str, object]) -> np.ndarray:
+def _plan(inst: dict[str, object], head_only: bool = False) -> np.ndarray:
     plan = plan_stealing(
         np.asarray(inst["lengths"], dtype=np.int64),
         np.asarray(inst["deadlines"], dtype=np.float64),
@@ -151,6 +151,7 @@ def _plan(inst: dict[str, object]) -> np.ndarray:
         inst["prefill"],  # type: ignore[arg-type]
         inst["suffix"],  # type: ignore[arg-type]
         inst["backlog"],  # type: ignore[arg-type]
+        head_only=head_only,
     )
     return plan.stolen
 
@@ -563,18 +564,7 @@ def test_donor_cap_with_cheap_suffix_and_large_s0() -> None:
 
 
 def _plan_head_only(inst: dict[str, object]) -> np.ndarray:
-    plan = plan_stealing(
-        np.asarray(inst["lengths"], dtype=np.int64),
-        np.asarray(inst["deadlines"], dtype=np.float64),
-        np.asarray(inst["decode_index"], dtype=np.int64),
-        np.asarray(inst["budgets"], dtype=np.float64),
-        inst["now"],  # type: ignore[arg-type]
-        inst["prefill"],  # type: ignore[arg-type]
-        inst["suffix"],  # type: ignore[arg-type]
-        inst["backlog"],  # type: ignore[arg-type]
-        head_only=True,
-    )
-    return plan.stolen
+    return _plan(inst, head_only=True)
 
 
 @settings(max_examples=300, deadline=None)
