@@ -32,6 +32,11 @@ class FluidRoleConfig:
     #: HPA's scale-down stabilization window): under bursty load, capacity moved towards the
     #: phase that just starved should not leave again in the next lull.
     reversal_cooldown_s: float = 300.0
+    #: ...unless the phase the reversal would help is saturated (decode KV this fully
+    #: committed, or prefill this far past its deadlines): then the previous switch went too
+    #: far, and waiting out the window would only starve that phase longer.
+    dpi_adm_saturated: float = 0.95
+    ppi_saturated: float = 2.0
     min_prefill: int = 1
     min_decode: int = 1
     #: D->P drain: ``migrate`` (our default) or the paper's ``wait``.
@@ -44,6 +49,10 @@ class FluidRoleConfig:
             raise ValueError("need 0 < interval_s <= window_s")
         if self.n_persist < 1 or self.cooldown_s < 0 or self.reversal_cooldown_s < 0:
             raise ValueError("need n_persist >= 1 and non-negative cooldowns")
+        if not 0 < self.dpi_adm_saturated <= 1:
+            raise ValueError("dpi_adm_saturated must be in (0, 1]")
+        if self.ppi_saturated < self.ppi_high:
+            raise ValueError("ppi_saturated must be >= ppi_high")
         if self.min_prefill < 1 or self.min_decode < 1:
             raise ValueError("each role keeps at least one worker")
         if not 0 < self.percentile <= 100:
@@ -133,9 +142,14 @@ def decode_can_spare_one(p: PoolPressure, cfg: FluidRoleConfig) -> bool:
 
     The paper asks whether the decode pool "can safely relinquish one worker" and tests the
     current DPI-bar_load; we test the projected one, so that a chain of D->P switches stops
-    before the remaining decode workers are pushed past the threshold (beyond the paper).
+    before the remaining decode workers are pushed past the threshold, and we also require
+    that the remaining workers could hold the KV already committed (projected DPI_adm < 1):
+    committed KV becomes active load within a hand-off (beyond the paper).
     """
-    return _shrunk(p.dpi_load_bar, p.n_decode) < cfg.dpi_load_high
+    return (
+        _shrunk(p.dpi_load_bar, p.n_decode) < cfg.dpi_load_high
+        and _shrunk(p.dpi_adm_bar, p.n_decode) < 1.0
+    )
 
 
 def prefill_can_spare_one(p: PoolPressure, cfg: FluidRoleConfig) -> bool:
@@ -217,8 +231,7 @@ class FluidRolePolicy:
             return Recommendation.NONE
         if any(w.state is not RoleState.ACTIVE for w in workers):
             return Recommendation.NONE
-        reversal = self._last_direction not in (Recommendation.NONE, rec)
-        if reversal and now < self._last_switch_end + self.cfg.reversal_cooldown_s:
+        if self._stabilizing(rec, pressure, now):
             return Recommendation.NONE
         source = Role.DECODE if rec is Recommendation.D_TO_P else Role.PREFILL
         candidate = self.pick_candidate(workers, source)
@@ -229,6 +242,16 @@ class FluidRolePolicy:
         self._streak = 0
         mode = self.cfg.drain_mode if source is Role.DECODE else DrainMode.WAIT
         return SwitchDecision(candidate.worker, source, source.other, mode, pressure)
+
+    def _stabilizing(self, rec: Recommendation, p: PoolPressure, now: float) -> bool:
+        """Whether ``rec`` reverses the last switch inside the reversal cooldown."""
+        if self._last_direction in (Recommendation.NONE, rec):
+            return False
+        if now >= self._last_switch_end + self.cfg.reversal_cooldown_s:
+            return False
+        if rec is Recommendation.P_TO_D:
+            return p.dpi_adm_bar < self.cfg.dpi_adm_saturated
+        return p.ppi_bar < self.cfg.ppi_saturated
 
     def pick_candidate(
         self, workers: Sequence[WorkerSignals], source: Role

@@ -236,7 +236,7 @@ class Simulator:
     def _deliver(self, msg: Message) -> None:
         if isinstance(msg, Reserved):
             p = self.workers[msg.prefill_worker]
-            if p.role is Role.PREFILL and p.prefill.reserved(msg.rid):
+            if p.role is Role.PREFILL and p.prefill.reserved(msg.rid, self.now):
                 self._kick(p)
         elif isinstance(msg, SuffixCommitted):
             self.workers[msg.decode_worker].decode.suffix_committed(msg.rid, msg.tokens)

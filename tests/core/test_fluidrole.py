@@ -135,7 +135,9 @@ def test_eq23_prefill_to_decode_strict_thresholds() -> None:
     ("pressure", "expected"),
     [
         (PoolPressure(2.0, 0.1, 0.0, 4, 4), Recommendation.D_TO_P),
-        (PoolPressure(2.0, 0.1, 0.95, 4, 4), Recommendation.D_TO_P),  # load has headroom
+        (PoolPressure(2.0, 0.1, 0.7, 4, 4), Recommendation.D_TO_P),  # load and KV have room
+        # Load has headroom but 3 decode workers could not hold the KV already committed.
+        (PoolPressure(2.0, 0.1, 0.95, 4, 4), Recommendation.NEEDS_CAPACITY),
         (PoolPressure(0.1, 0.1, 0.9, 4, 4), Recommendation.P_TO_D),
         (PoolPressure(0.1, 0.9, 0.9, 4, 4), Recommendation.P_TO_D),
         (PoolPressure(2.0, 0.6, 0.9, 4, 4), Recommendation.NEEDS_CAPACITY),  # both phases hot

@@ -708,3 +708,22 @@ def test_cancel_during_running_iteration_keeps_accounting() -> None:
     bus.drain_decode(d, now + DT)
     assert 0 in bus.finished and 1 not in bus.finished
     assert d.decode.context == 0
+
+
+def test_cancel_of_a_suffix_in_the_running_extend() -> None:
+    """A request aborted while its stolen suffix runs gets no first token and frees its KV."""
+    p, d = make("p", Role.PREFILL), make("d", Role.DECODE)
+    bus = Bus.of(p, d)
+    r = req(0, 200, 4)
+    bus.submit(r, p, d)
+    d.decode.suffix_committed(0, 80)
+    d.decode.handoff_done(0, 120, 0.0)  # 80 suffix tokens left to run on the decode side
+    running = d.next_batch(0.0)
+    assert isinstance(running, DecodeBatch) and [x.rid for x in running.suffix] == [0]
+    assert d.decode.cancel(0) is r
+    d.finish_batch(running, DT, DT)
+    bus.pump()
+    assert 0 not in bus.first and 0 not in bus.finished
+    assert d.decode.committed == 0 and d.decode.pending_suffix_tokens == 0
+    assert not d.decode.active and d.decode.context == 0
+    assert d.next_batch(DT) is None

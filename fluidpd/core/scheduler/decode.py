@@ -92,6 +92,8 @@ class DecodeSide:
     running: DecodeBatch | None = None
     #: Members of the running batch that left it before it finished (abort, EOS).
     _left_running_batch: int = 0
+    #: Stolen suffixes in the running batch whose requests were cancelled meanwhile.
+    _cancelled_suffix: set[int] = field(default_factory=set)
     bank: float = 0.0
     admitting: bool = True
     migrate_on_drain: bool = False
@@ -219,11 +221,14 @@ class DecodeSide:
             self._release(rid)
             self.outbox.append(Finished(rid, now))
         for req in batch.suffix:
+            if req.rid in self._cancelled_suffix:
+                continue
             self.stolen_tokens += req.stolen
             self.pending_suffix_tokens -= self.suffix_of.pop(req.rid, 0)
             self._first_token(req, now)
             if req.max_new_tokens > 1:
                 self._join(req, 1)
+        self._cancelled_suffix.clear()
         if batch.batch:
             self.bank = slack_bank_update(self.bank, self.slo.tpot, measured_s, self.bank_cap)
         self.admit()
@@ -265,6 +270,11 @@ class DecodeSide:
                     del self.joining[i]
                     found = r
                     break
+            running = self.running.suffix if self.running is not None else []
+            for r in running:
+                if r.rid == rid and found is None:
+                    self._cancelled_suffix.add(rid)
+                    found = r
         if found is not None:
             self._release(rid)
             self.admit()

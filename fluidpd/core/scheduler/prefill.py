@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -19,6 +20,15 @@ from fluidpd.core.types import SLO, Request
 BudgetSource = Callable[[Sequence[str]], FloatArray]
 
 
+class QueueView(NamedTuple):
+    lengths: FloatArray
+    arrivals: FloatArray
+    #: When the decode side's reservation let each request into the queue.
+    ready: FloatArray
+    deadlines: FloatArray
+    peers: IntArray
+
+
 class WaitingQueue:
     """The reserved-request FIFO, mirrored in numpy arrays for the per-iteration planner.
 
@@ -27,12 +37,13 @@ class WaitingQueue:
     or re-paired request) compacts, which is rare.
     """
 
-    __slots__ = ("_arr", "_deadline", "_head", "_len", "_peer", "_reqs")
+    __slots__ = ("_arr", "_deadline", "_head", "_len", "_peer", "_ready", "_reqs")
 
     def __init__(self, capacity: int = 64) -> None:
         self._reqs: deque[Request] = deque()
         self._len = np.zeros(capacity, dtype=np.float64)
         self._arr = np.zeros(capacity, dtype=np.float64)
+        self._ready = np.zeros(capacity, dtype=np.float64)
         self._deadline = np.zeros(capacity, dtype=np.float64)
         self._peer = np.zeros(capacity, dtype=np.int64)
         self._head = 0
@@ -56,20 +67,21 @@ class WaitingQueue:
         cap = len(self._len)
         if need > cap:
             cap = max(2 * cap, need)
-        for name in ("_len", "_arr", "_deadline", "_peer"):
+        for name in ("_len", "_arr", "_ready", "_deadline", "_peer"):
             old = getattr(self, name)
             new = np.zeros(cap, dtype=old.dtype)
             new[:n] = old[h : h + n]
             setattr(self, name, new)
         self._head = 0
 
-    def append(self, req: Request, deadline: float, peer: int) -> None:
+    def append(self, req: Request, deadline: float, peer: int, ready: float) -> None:
         tail = self._head + len(self._reqs)
         if tail >= len(self._len):
             self._compact(1)
             tail = len(self._reqs)
         self._len[tail] = req.prompt_len
         self._arr[tail] = req.arrival
+        self._ready[tail] = ready
         self._deadline[tail] = deadline
         self._peer[tail] = peer
         self._reqs.append(req)
@@ -88,7 +100,7 @@ class WaitingQueue:
         r = self._reqs[i]
         h = self._head
         n = len(self._reqs)
-        for arr in (self._len, self._arr, self._deadline, self._peer):
+        for arr in (self._len, self._arr, self._ready, self._deadline, self._peer):
             arr[h + i : h + n - 1] = arr[h + i + 1 : h + n].copy()
         del self._reqs[i]
         if not self._reqs:
@@ -99,10 +111,12 @@ class WaitingQueue:
         self._reqs.clear()
         self._head = 0
 
-    def arrays(self) -> tuple[FloatArray, FloatArray, FloatArray, IntArray]:
-        """(prompt lengths, arrivals, TTFT deadlines, peer indices) as views, queue order."""
+    def arrays(self) -> QueueView:
+        """The queue as array views, in queue order."""
         h, t = self._head, self._head + len(self._reqs)
-        return self._len[h:t], self._arr[h:t], self._deadline[h:t], self._peer[h:t]
+        return QueueView(
+            self._len[h:t], self._arr[h:t], self._ready[h:t], self._deadline[h:t], self._peer[h:t]
+        )
 
 
 @dataclass(slots=True)
@@ -143,13 +157,15 @@ class PrefillSide:
         req.prefill_worker = self.worker_id
         self.bootstrap[req.rid] = req
 
-    def reserved(self, rid: int) -> bool:
-        """The paired decode worker reserved KV; the request may now be scheduled."""
+    def reserved(self, rid: int, now: float | None = None) -> bool:
+        """The paired decode worker reserved KV (at ``now``; at arrival if not given); the
+        request may now be scheduled."""
         req = self.bootstrap.pop(rid, None)
         if req is None:
             return False
         peer = self.peers.setdefault(req.decode_worker, len(self.peers))
-        self.waiting.append(req, req.arrival + self.slo.ttft, peer)
+        ready = req.arrival if now is None else max(now, req.arrival)
+        self.waiting.append(req, req.arrival + self.slo.ttft, peer, ready)
         return True
 
     def cancel(self, rid: int) -> Request | None:
@@ -180,10 +196,30 @@ class PrefillSide:
 
     def queue_ppi(self, now: float) -> float:
         """Queue-level PPI (eq. 5) over the waiting queue, counting the running batch."""
-        lengths, arrivals, _, _ = self.waiting.arrays()
+        q = self.waiting.arrays()
         return queue_ppi(
-            lengths,
-            arrivals,
+            q.lengths,
+            q.arrivals,
+            now,
+            self.slo.ttft,
+            self.prefill,
+            self.backlog(now),
+            self.token_cfg.eps,
+        )
+
+    def attributable_ppi(self, now: float) -> float:
+        """Eq. (5) with each request's TTFT budget starting when its KV was reserved.
+
+        Time a request spent waiting for decode admission is decode pressure (DPI_adm reports
+        it), not prefill pressure. Under decode starvation requests reach the prefill queue
+        already late and eq. (5) explodes through its epsilon, which would make FluidRole ask
+        for *more* prefill workers. FluidRole reads this signal instead (beyond the paper); the
+        two are equal whenever decode admits at once.
+        """
+        q = self.waiting.arrays()
+        return queue_ppi(
+            q.lengths,
+            q.ready,
             now,
             self.slo.ttft,
             self.prefill,
@@ -194,11 +230,11 @@ class PrefillSide:
     def plan(self, now: float, budgets: BudgetSource, head_only: bool = False) -> StealPlan:
         """One FluidToken control iteration: PPI, the paired decode workers' budgets (their
         DPI-gated eq. 17) and Algorithm 1 over the waiting queue."""
-        lengths, _, deadlines, peers = self.waiting.arrays()
+        q = self.waiting.arrays()
         return plan_stealing(
-            lengths,
-            deadlines,
-            peers,
+            q.lengths,
+            q.deadlines,
+            q.peers,
             budgets(list(self.peers)),
             now,
             self.prefill,

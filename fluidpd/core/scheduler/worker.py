@@ -26,6 +26,8 @@ class Pressure:
     state: RoleState
     target: Role | None
     queue_ppi: float
+    #: PPI with decode-admission waiting excluded; what FluidRole reads.
+    attributable_ppi: float
     queue_len: int
     dpi_load: float
     dpi_adm: float
@@ -41,7 +43,7 @@ class Pressure:
             self.worker,
             self.role,
             self.state,
-            self.queue_ppi,
+            self.attributable_ppi,
             self.dpi_load,
             self.dpi_adm,
             self.drain_cost,
@@ -197,6 +199,7 @@ class Worker:
             state=self.state,
             target=self.role_sm.target,
             queue_ppi=self.prefill.queue_ppi(now) if is_prefill else 0.0,
+            attributable_ppi=self.prefill.attributable_ppi(now) if is_prefill else 0.0,
             queue_len=self.prefill.queue_len if is_prefill else len(d.prealloc),
             dpi_load=0.0 if is_prefill else d.dpi_load(),
             dpi_adm=0.0 if is_prefill else d.dpi_adm(),
