@@ -355,3 +355,28 @@ def test_non_active_workers_are_not_candidates() -> None:
 def test_config_validation(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         FluidRoleConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def test_reversal_allowed_when_the_helped_phase_is_saturated() -> None:
+    cfg = FluidRoleConfig(
+        n_persist=1, window_s=1.0, interval_s=1.0, cooldown_s=2.0, reversal_cooldown_s=50.0
+    )
+    # After a D->P switch, decode KV runs full: the P->D reversal does not wait.
+    pol = FluidRolePolicy(cfg)
+    d = pol.observe(0.0, hot_prefill(4))
+    assert isinstance(d, SwitchDecision)
+    pol.switch_finished(d.worker, 10.0)
+    mild = [psig(f"p{i}", ppi=0.1) for i in range(3)] + [dsig("d0", adm=0.9)]
+    assert pol.observe(12.0, mild) is Recommendation.NONE  # P->D wanted, stabilizing
+    full = [psig(f"p{i}", ppi=0.1) for i in range(3)] + [dsig("d0", adm=0.96)]
+    rev = pol.observe(13.0, full)
+    assert isinstance(rev, SwitchDecision) and rev.target is Role.DECODE
+    # After a P->D switch, prefill falls far behind: the D->P reversal does not wait either.
+    pol2 = FluidRolePolicy(cfg)
+    d2 = pol2.observe(0.0, hot_decode(4))
+    assert isinstance(d2, SwitchDecision)
+    pol2.switch_finished(d2.worker, 10.0)
+    hot = [psig("p0", ppi=1.5)] + [dsig(f"d{i}", load=0.1) for i in range(4)]
+    assert pol2.observe(12.0, hot) is Recommendation.NONE
+    burning = [psig("p0", ppi=3.0)] + [dsig(f"d{i}", load=0.1) for i in range(4)]
+    assert isinstance(pol2.observe(13.0, burning), SwitchDecision)

@@ -727,3 +727,29 @@ def test_cancel_of_a_suffix_in_the_running_extend() -> None:
     assert d.decode.committed == 0 and d.decode.pending_suffix_tokens == 0
     assert not d.decode.active and d.decode.context == 0
     assert d.next_batch(DT) is None
+
+
+def test_attributable_ppi_excludes_decode_admission_wait() -> None:
+    """A request that waited for decode KV is late by eq. (5) but not by the signal FluidRole
+    reads; when decode admits at once the two agree."""
+    slo = SLO(ttft=2.0, tpot=0.1)
+    p = make("p", Role.PREFILL, slo=slo)
+    late, prompt = req(0, 500, 4), req(1, 500, 4)
+    late.arrival = 0.0
+    prompt.arrival = 9.5
+    for r in (late, prompt):
+        p.prefill.add(r)
+    p.prefill.reserved(0, now=9.0)  # waited 9 s for decode admission
+    p.prefill.reserved(1, now=9.5)
+    now = 9.6
+    assert p.prefill.queue_ppi(now) > 10  # deadline long gone: eq. (5) explodes via epsilon
+    assert p.prefill.attributable_ppi(now) < 0.2
+    pressure = p.pressure(now)
+    assert pressure.queue_ppi > 10 and pressure.attributable_ppi < 0.2
+    assert pressure.signals().queue_ppi == pressure.attributable_ppi
+    fresh = make("q", Role.PREFILL, slo=slo)
+    r2 = req(2, 500, 4)
+    r2.arrival = 9.5
+    fresh.prefill.add(r2)
+    fresh.prefill.reserved(2, now=9.5)
+    assert fresh.prefill.queue_ppi(now) == fresh.prefill.attributable_ppi(now)
