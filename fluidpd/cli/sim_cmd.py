@@ -23,6 +23,7 @@ from fluidpd.sim.policies import AutoscaleConfig, parse_pd, parse_policies
 from fluidpd.sim.report import format_table, series_key, write_results
 from fluidpd.sim.runner import RunOutput, RunSpec, default_jobs, run_many
 from fluidpd.sim.simulator import SimConfig
+from fluidpd.sim.summary import format_summary, summarize
 from fluidpd.sim.workloads import WORKLOAD_NAMES, build_workload
 
 DEFAULT_OUT = "out/sim"
@@ -196,7 +197,12 @@ def run(args: argparse.Namespace) -> int:
     path = write_results(out_dir, outputs, command)
     if not args.no_plots:
         _plots(out_dir, outputs, args)
-    print(format_table([o.record for o in outputs]))
+    records = [o.record for o in outputs]
+    print(format_table(records))
+    if any(r["policy"] == "fluidpd" for r in records):
+        summary = format_summary(summarize(records))
+        (out_dir / "summary.txt").write_text(summary + "\n")
+        print("\nFluidPD against the baselines\n" + summary)
     print(f"\nwrote {path} ({len(outputs)} runs, {time.perf_counter() - started:.1f} s)")
     return 0
 
