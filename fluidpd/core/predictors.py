@@ -119,34 +119,87 @@ class RecursiveLeastSquares:
     """Exponentially-weighted recursive least squares for y ~ theta . x.
 
     A forgetting factor below 1 lets the fit follow drift (thermal throttling, a different
-    kernel path after an upgrade) while old samples fade.
+    kernel path after an upgrade) while old samples fade. Serving traffic excites the features
+    poorly (a decode batch's context grows with its size, so C and N are nearly collinear); with
+    forgetting, the covariance of the unexcited directions would grow without bound and the
+    fit would wander there ("wind-up"). Capping the covariance's trace at its start value
+    prevents that.
     """
 
     theta: FloatArray
     forgetting: float = 0.995
     p: FloatArray = field(init=False)
     samples: int = 0
+    _trace_cap: float = field(init=False)
 
     def __post_init__(self) -> None:
         # A moderate prior keeps the start close to the offline profile.
         self.p = np.eye(len(self.theta)) * 1e2
+        self._trace_cap = float(np.trace(self.p))
 
     def update(self, x: FloatArray, y: float) -> None:
         px = self.p @ x
         gain = px / (self.forgetting + float(x @ px))
         self.theta = self.theta + gain * (y - float(x @ self.theta))
         self.p = (self.p - np.outer(gain, px)) / self.forgetting
+        trace = float(np.trace(self.p))
+        if trace > self._trace_cap:
+            self.p *= self._trace_cap / trace
         self.samples += 1
+
+
+@dataclass(slots=True)
+class _Refit:
+    """Online recalibration of one predictor's coefficient vector (scaled units).
+
+    Two candidates are fitted side by side: a full refit of every coefficient, and the offline
+    coefficients times one scale factor (what uniform drift, e.g. a throttled clock, does).
+    Serving traffic often excites the features poorly (a decode batch's context grows with its
+    size, so C and N are nearly collinear), and a full fit can then predict well only along
+    the observed direction; each candidate's error is therefore scored on every new sample
+    before it is learned (prequential), and the one that predicts better is used.
+    """
+
+    offline: FloatArray
+    forgetting: float
+    full: RecursiveLeastSquares = field(init=False)
+    scale: RecursiveLeastSquares = field(init=False)
+    err_full: float = 0.0
+    err_scale: float = 0.0
+    samples: int = 0
+
+    def __post_init__(self) -> None:
+        self.full = RecursiveLeastSquares(self.offline.copy(), self.forgetting)
+        self.scale = RecursiveLeastSquares(np.array([1.0]), self.forgetting)
+
+    def _full_coefficients(self) -> FloatArray:
+        return np.maximum(self.full.theta, 0.0)
+
+    def observe(self, x: FloatArray, y: float) -> None:
+        base = float(self.offline @ x)
+        if y > 0:
+            decay = 1.0 - self.forgetting
+            e_full = abs(float(self._full_coefficients() @ x) - y) / y
+            e_scale = abs(float(self.scale.theta[0]) * base - y) / y
+            self.err_full += decay * (e_full - self.err_full)
+            self.err_scale += decay * (e_scale - self.err_scale)
+        self.full.update(x, y)
+        self.scale.update(np.array([base]), y)
+        self.samples += 1
+
+    def coefficients(self) -> FloatArray:
+        if self.err_full <= self.err_scale:
+            return self._full_coefficients()
+        return self.offline * max(float(self.scale.theta[0]), 1e-3)
 
 
 @dataclass(slots=True)
 class OnlineCalibrator:
     """Refits the three predictors from observed step times (adaptive mode).
 
-    Features are scaled to keep the RLS well conditioned (tokens in thousands, seconds in
+    Features are scaled to keep the fits well conditioned (tokens in thousands, seconds in
     milliseconds). Until ``min_samples`` observations of a kind arrive, the offline
-    coefficients stay in force; refitted coefficients are clamped to the physically sensible
-    range so a burst of noise can never make a predictor negative.
+    coefficients stay in force.
     """
 
     prefill: PrefillPredictor
@@ -154,59 +207,43 @@ class OnlineCalibrator:
     decode: DecodeIterPredictor
     min_samples: int = 20
     forgetting: float = 0.995
-    _pre: RecursiveLeastSquares = field(init=False)
-    _sfx: RecursiveLeastSquares = field(init=False)
-    _dec: RecursiveLeastSquares = field(init=False)
+    _pre: _Refit = field(init=False)
+    _sfx: _Refit = field(init=False)
+    _dec: _Refit = field(init=False)
 
     def __post_init__(self) -> None:
         p, s, d = self.prefill, self.suffix, self.decode
-        self._pre = RecursiveLeastSquares(
-            np.array([p.c2 * 1e9, p.c1 * 1e6, p.c0 * 1e3]), self.forgetting
-        )
-        self._sfx = RecursiveLeastSquares(
-            np.array([s.s2 * 1e9, s.s1 * 1e6, s.s0 * 1e3]), self.forgetting
-        )
-        self._dec = RecursiveLeastSquares(
-            np.array([d.a_c * 1e6, d.a_n * 1e3, d.a_0 * 1e3]), self.forgetting
-        )
+        f = self.forgetting
+        self._pre = _Refit(np.array([p.c2 * 1e9, p.c1 * 1e6, p.c0 * 1e3]), f)
+        self._sfx = _Refit(np.array([s.s2 * 1e9, s.s1 * 1e6, s.s0 * 1e3]), f)
+        self._dec = _Refit(np.array([d.a_c * 1e6, d.a_n * 1e3, d.a_0 * 1e3]), f)
 
     def observe_prefill(self, tokens: int, seconds: float) -> PrefillPredictor:
         k = tokens / 1e3
-        self._pre.update(np.array([k * k, k, 1.0]), seconds * 1e3)
+        self._pre.observe(np.array([k * k, k, 1.0]), seconds * 1e3)
         if self._pre.samples >= self.min_samples:
-            c2, c1, c0 = self._pre.theta
+            c2, c1, c0 = self._pre.coefficients()
             self.prefill = replace(
-                self.prefill,
-                c2=max(0.0, c2) * 1e-9,
-                c1=max(1e-9, c1) * 1e-6,
-                c0=max(0.0, c0) * 1e-3,
+                self.prefill, c2=c2 * 1e-9, c1=max(c1, 1e-6) * 1e-6, c0=c0 * 1e-3
             )
         return self.prefill
 
     def observe_suffix(self, tokens: int, seconds: float) -> SuffixPredictor:
         k = tokens / 1e3
-        self._sfx.update(np.array([k * k, k, 1.0]), seconds * 1e3)
+        self._sfx.observe(np.array([k * k, k, 1.0]), seconds * 1e3)
         if self._sfx.samples >= self.min_samples:
-            s2, s1, s0 = self._sfx.theta
-            self.suffix = replace(
-                self.suffix,
-                s2=max(0.0, s2) * 1e-9,
-                s1=max(1e-9, s1) * 1e-6,
-                s0=max(0.0, s0) * 1e-3,
-            )
+            s2, s1, s0 = self._sfx.coefficients()
+            self.suffix = replace(self.suffix, s2=s2 * 1e-9, s1=max(s1, 1e-6) * 1e-6, s0=s0 * 1e-3)
         return self.suffix
 
     def observe_decode(
         self, batch: int, context_tokens: int, seconds: float
     ) -> DecodeIterPredictor:
-        self._dec.update(np.array([context_tokens / 1e3, batch, 1.0]), seconds * 1e3)
+        self._dec.observe(np.array([context_tokens / 1e3, batch, 1.0]), seconds * 1e3)
         if self._dec.samples >= self.min_samples:
-            a_c, a_n, a_0 = self._dec.theta
+            a_c, a_n, a_0 = self._dec.coefficients()
             self.decode = replace(
-                self.decode,
-                a_c=max(0.0, a_c) * 1e-6,
-                a_n=max(0.0, a_n) * 1e-3,
-                a_0=max(1e-6, a_0) * 1e-3,
+                self.decode, a_c=a_c * 1e-6, a_n=a_n * 1e-3, a_0=max(a_0, 1e-3) * 1e-3
             )
         return self.decode
 

@@ -108,6 +108,7 @@ def _run_simulated(spec: RunSpec, workload: Workload) -> RunOutput:
             "window_attainment": windowed_attainment(result.requests, workload.windows, spec.slo),
             "scale_outs": result.scale_outs,
             "events": result.events,
+            "predictor_mre": result.predictor_mre,
             "wall_s": round(wall, 3),
         }
     )

@@ -110,6 +110,8 @@ class SimResult:
     scale_outs: list[dict[str, object]]
     end_time: float
     events: int
+    #: Mean relative error of the workers' own step-time predictions, per batch kind.
+    predictor_mre: dict[str, float]
 
 
 class Simulator:
@@ -160,6 +162,7 @@ class Simulator:
         self._done = 0
         self._ended: set[int] = set()
         self._events_handled = 0
+        self._pred_err: dict[str, list[float]] = {}
 
     # -- setup --------------------------------------------------------------------------------
     def _add_worker(self, role: Role) -> Worker:
@@ -425,7 +428,13 @@ class Simulator:
                 batch = self.busy.pop(wid)
                 if batch is not b:
                     raise SimulationError("batch completion out of order")
-                w.finish_batch(batch, t, t - batch.start)
+                measured = t - batch.start
+                if measured > 0:
+                    kind_name = "prefill" if isinstance(batch, PrefillBatch) else "decode"
+                    err = self._pred_err.setdefault(kind_name, [0.0, 0])
+                    err[0] += abs(batch.predicted_s - measured) / measured
+                    err[1] += 1
+                w.finish_batch(batch, t, measured)
                 self._flush(w)
                 self._after_change(w)
                 if w.state is not RoleState.SWITCH:
@@ -470,6 +479,7 @@ class Simulator:
             self.scale_outs,
             self.now,
             self._events_handled,
+            {k: round(total / n, 4) for k, (total, n) in self._pred_err.items() if n},
         )
 
 

@@ -150,8 +150,10 @@ class Worker:
             self.decode.decode = self.calibrator.observe_decode(
                 batch.batch, batch.context, measured_s
             )
-        elif batch.suffix and not batch.batch and len(batch.suffix) == 1:
-            sfx = self.calibrator.observe_suffix(batch.suffix[0].stolen, measured_s)
+        elif len(batch.suffix) == 1:
+            # The extend's share of a mixed iteration: the rest is a regular decode step.
+            plain = self.decode.decode.time(batch.batch, batch.context) if batch.batch else 0.0
+            sfx = self.calibrator.observe_suffix(batch.suffix[0].stolen, measured_s - plain)
             self.decode.suffix = self.prefill.suffix = sfx
 
     # -- FluidRole ----------------------------------------------------------------------------
