@@ -157,3 +157,21 @@ def test_profiles_lists_shipped_profiles() -> None:
     proc = fluidpd("profiles")
     assert proc.returncode == 0
     assert "llama-3.1-8b-a100-80gb" in proc.stdout.split()
+
+
+def test_summary_reprints_results_and_rejects_bad_files(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    assert small_sim(out, "--no-plots", "--series-json", "plotted").returncode == 0
+    # Only the plotted rate's (here the middle of 25,40 -> 40) series are kept.
+    assert {p.name.split("_")[1] for p in (out / "timeseries").glob("*.json")} == {"40rps"}
+    (out / "summary.txt").unlink()
+    proc = fluidpd("summary", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "FluidPD against the baselines" in proc.stdout
+    assert (out / "summary.txt").read_text().startswith("azure-mixed:")
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "results.json").write_text('{"runs": [{"policy": "static"}]}')
+    proc = fluidpd("summary", str(bad))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "runs[0] lacks" in proc.stderr

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from fluidpd import __version__
-from fluidpd.cli import bench_cmd, sim_cmd
+from fluidpd.cli import bench_cmd, sim_cmd, summary_cmd
 from fluidpd.cli.errors import UserError
 from fluidpd.profiles import ProfileError, available_profiles
 from fluidpd.sim.policies import PolicyError
@@ -30,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     sim_cmd.add_parser(sub)
     bench_cmd.add_parser(sub)
+    summary_cmd.add_parser(sub)
     profiles = sub.add_parser("profiles", help="list the shipped model x GPU profiles")
     profiles.set_defaults(func=lambda _args: print("\n".join(available_profiles())) or 0)
     return parser

@@ -20,10 +20,9 @@ from fluidpd.core.types import SLO, DrainMode
 from fluidpd.profiles import resolve_profile
 from fluidpd.sim.plots import write_plots
 from fluidpd.sim.policies import AutoscaleConfig, parse_pd, parse_policies
-from fluidpd.sim.report import format_table, series_key, write_results
+from fluidpd.sim.report import report_text, series_key, write_results
 from fluidpd.sim.runner import RunOutput, RunSpec, default_jobs, run_many
 from fluidpd.sim.simulator import SimConfig
-from fluidpd.sim.summary import format_summary, summarize
 from fluidpd.sim.workloads import WORKLOAD_NAMES, build_workload
 
 DEFAULT_OUT = "out/sim"
@@ -105,7 +104,18 @@ def add_parser(sub: Any) -> None:
     o.add_argument("--out", default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
     o.add_argument("--jobs", type=positive_int("--jobs"), default=default_jobs())
     o.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
-    o.add_argument("--timeseries-rps", type=positive_float("--timeseries-rps"), default=None)
+    o.add_argument(
+        "--timeseries-rps",
+        type=positive_float("--timeseries-rps"),
+        default=None,
+        help="rate whose time series are plotted (default: the middle of --rps)",
+    )
+    o.add_argument(
+        "--series-json",
+        choices=("all", "plotted"),
+        default="all",
+        help="write time-series JSON for every run, or only for the plotted rate",
+    )
     o.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -194,22 +204,25 @@ def run(args: argparse.Namespace) -> int:
 
     outputs = run_many(specs, jobs=args.jobs, progress=progress)
     bar.close()
-    path = write_results(out_dir, outputs, command)
+    chosen = _series_rate(args)
+    path = write_results(
+        out_dir, outputs, command, chosen if args.series_json == "plotted" else None
+    )
     if not args.no_plots:
-        _plots(out_dir, outputs, args)
-    records = [o.record for o in outputs]
-    print(format_table(records))
-    if any(r["policy"] == "fluidpd" for r in records):
-        summary = format_summary(summarize(records))
-        (out_dir / "summary.txt").write_text(summary + "\n")
-        print("\nFluidPD against the baselines\n" + summary)
+        _plots(out_dir, outputs, args, chosen)
+    print(report_text(out_dir, [o.record for o in outputs]))
     print(f"\nwrote {path} ({len(outputs)} runs, {time.perf_counter() - started:.1f} s)")
     return 0
 
 
-def _plots(out_dir: Path, outputs: list[RunOutput], args: argparse.Namespace) -> None:
-    rates = sorted({float(o.record["rps"]) for o in outputs})
-    chosen = args.timeseries_rps if args.timeseries_rps in rates else rates[len(rates) // 2]
+def _series_rate(args: argparse.Namespace) -> float:
+    rates = sorted(args.rps)
+    return float(args.timeseries_rps if args.timeseries_rps in rates else rates[len(rates) // 2])
+
+
+def _plots(
+    out_dir: Path, outputs: list[RunOutput], args: argparse.Namespace, chosen: float
+) -> None:
     series = {
         series_key(o.record): o.series
         for o in outputs

@@ -11,6 +11,7 @@ from typing import Any
 from fluidpd import __version__
 from fluidpd.sim.policies import POLICY_NAMES
 from fluidpd.sim.runner import RunOutput
+from fluidpd.sim.summary import format_summary, summarize
 
 
 def _slug(text: str) -> str:
@@ -21,8 +22,14 @@ def series_key(record: Mapping[str, Any]) -> tuple[str, float, str]:
     return (str(record["workload"]), float(record["rps"]), str(record["policy"]))
 
 
-def write_results(out_dir: Path, outputs: Sequence[RunOutput], command: str) -> Path:
-    """``results.json`` (the ``runs`` list is the contract) plus one time-series file per run."""
+def write_results(
+    out_dir: Path,
+    outputs: Sequence[RunOutput],
+    command: str,
+    series_rps: float | None = None,
+) -> Path:
+    """``results.json`` (the ``runs`` list is the contract) plus one time-series file per run
+    (only for rate ``series_rps`` when given)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "results.json"
     doc = {
@@ -33,7 +40,7 @@ def write_results(out_dir: Path, outputs: Sequence[RunOutput], command: str) -> 
     path.write_text(json.dumps(doc, indent=1) + "\n")
     ts_dir = out_dir / "timeseries"
     for o in outputs:
-        if not o.series:
+        if not o.series or (series_rps is not None and o.record["rps"] != series_rps):
             continue
         ts_dir.mkdir(exist_ok=True)
         workload, rps, policy = series_key(o.record)
@@ -75,3 +82,14 @@ def format_table(records: Sequence[Mapping[str, Any]]) -> str:
                 f" {100 * float(r['tpot_attainment']):>7.1f} {r['failed']:>7}"
             )
     return "\n".join(lines)
+
+
+def report_text(out_dir: Path, records: Sequence[Mapping[str, Any]]) -> str:
+    """The attainment table, plus FluidPD against the baselines (also written to
+    ``summary.txt``) when the runs include FluidPD."""
+    text = format_table(records)
+    if any(r["policy"] == "fluidpd" for r in records):
+        summary = format_summary(summarize(records))
+        (out_dir / "summary.txt").write_text(summary + "\n")
+        text += "\n\nFluidPD against the baselines\n" + summary
+    return text
