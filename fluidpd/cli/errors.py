@@ -2,4 +2,4 @@
 
 
 class UserError(ValueError):
-    pass
+    """A problem with what the user asked for; the message names the option, file or field."""

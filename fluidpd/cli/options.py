@@ -9,30 +9,26 @@ from collections.abc import Callable
 from fluidpd.cli.errors import UserError
 
 
-def positive_float(name: str) -> Callable[[str], float]:
+def _float(name: str, allow_zero: bool) -> Callable[[str], float]:
     def parse(text: str) -> float:
         try:
             value = float(text)
         except ValueError:
             raise UserError(f"{name}: expected a number, got {text!r}") from None
-        if not math.isfinite(value) or value <= 0:
-            raise UserError(f"{name}: must be a positive number, got {text!r}")
+        if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+            bound = ">= 0" if allow_zero else "a positive number"
+            raise UserError(f"{name}: must be {bound}, got {text!r}")
         return value
 
     return parse
+
+
+def positive_float(name: str) -> Callable[[str], float]:
+    return _float(name, allow_zero=False)
 
 
 def non_negative_float(name: str) -> Callable[[str], float]:
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise UserError(f"{name}: expected a number, got {text!r}") from None
-        if not math.isfinite(value) or value < 0:
-            raise UserError(f"{name}: must be >= 0, got {text!r}")
-        return value
-
-    return parse
+    return _float(name, allow_zero=True)
 
 
 def positive_int(name: str) -> Callable[[str], int]:
