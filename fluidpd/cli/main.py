@@ -7,7 +7,16 @@ import sys
 from collections.abc import Sequence
 
 from fluidpd import __version__
-from fluidpd.cli import bench_cmd, sim_cmd, summary_cmd
+from fluidpd.cli import (
+    bench_cmd,
+    controller_cmd,
+    drill_cmd,
+    router_cmd,
+    sidecar_cmd,
+    sim_cmd,
+    summary_cmd,
+    up_cmd,
+)
 from fluidpd.cli.errors import UserError
 from fluidpd.profiles import ProfileError, available_profiles
 from fluidpd.sim.policies import PolicyError
@@ -31,6 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
     sim_cmd.add_parser(sub)
     bench_cmd.add_parser(sub)
     summary_cmd.add_parser(sub)
+    sidecar_cmd.add_parser(sub)
+    router_cmd.add_parser(sub)
+    controller_cmd.add_parser(sub)
+    up_cmd.add_parser(sub)
+    drill_cmd.add_parser(sub)
     profiles = sub.add_parser("profiles", help="list the shipped model x GPU profiles")
     profiles.set_defaults(func=lambda _args: print("\n".join(available_profiles())) or 0)
     return parser

@@ -13,10 +13,15 @@ from tqdm import tqdm
 
 from fluidpd.cli.errors import UserError
 from fluidpd.cli.options import add_float, float_list, positive_float, positive_int
-from fluidpd.core.fluidrole import FluidRoleConfig
-from fluidpd.core.fluidtoken import FluidTokenConfig
+from fluidpd.cli.policy_options import (
+    add_fluidrole_options,
+    add_fluidtoken_options,
+    add_slo_options,
+    fluidrole_config,
+    fluidtoken_config,
+    slo_config,
+)
 from fluidpd.core.pairing import PAIRINGS
-from fluidpd.core.types import SLO, DrainMode
 from fluidpd.profiles import resolve_profile
 from fluidpd.sim.plots import write_plots
 from fluidpd.sim.policies import AutoscaleConfig, parse_pd, parse_policies
@@ -59,32 +64,11 @@ def add_parser(sub: Any) -> None:
     w.add_argument("--rps", type=float_list("--rps"), default=[20.0], help="rates, e.g. 10,20,30")
     w.add_argument("--num-requests", type=positive_int("--num-requests"), default=None)
     w.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    s = p.add_argument_group("SLOs (seconds)")
-    add_float(s, "--ttft-slo", 2.0, "TTFT target")
-    add_float(s, "--tpot-slo", 0.1, "TPOT target")
+    add_slo_options(p.add_argument_group("SLOs (seconds)"))
     r = p.add_argument_group("policies")
     r.add_argument("--policy", default="all", help="one name, a comma list, or all (default all)")
-    add_float(r, "--eta", 1.25, "FluidToken slack multiplier eta (eq. 15)")
-    add_float(r, "--token-dpi-load-high", 0.6, "FluidToken DPI_load gate (eq. 12)")
-    add_float(r, "--ppi-low", 0.6, "FluidRole PPI low threshold", allow_zero=True)
-    add_float(r, "--ppi-high", 1.0, "FluidRole PPI high threshold")
-    add_float(r, "--dpi-load-high", 0.6, "FluidRole DPI_load threshold")
-    add_float(r, "--dpi-adm-high", 0.2, "FluidRole DPI_adm threshold", allow_zero=True)
-    add_float(r, "--interval", 1.0, "FluidRole control interval, s")
-    add_float(r, "--window", 10.0, "FluidRole PPI window, s")
-    r.add_argument("--n-persist", type=positive_int("--n-persist"), default=3)
-    add_float(r, "--cooldown", 5.0, "FluidRole cooldown, s", allow_zero=True)
-    add_float(
-        r, "--reversal-cooldown", 300.0, "cooldown before an opposite switch, s", allow_zero=True
-    )
-    r.add_argument(
-        "--drain-mode",
-        choices=[m.value for m in DrainMode],
-        default=DrainMode.MIGRATE.value,
-        help="D->P drain: migrate active requests (default) or wait for them (paper)",
-    )
-    r.add_argument("--min-prefill", type=positive_int("--min-prefill"), default=1)
-    r.add_argument("--min-decode", type=positive_int("--min-decode"), default=1)
+    add_fluidtoken_options(r)
+    add_fluidrole_options(r)
     r.add_argument(
         "--autoscale-max-workers",
         type=positive_int("--autoscale-max-workers"),
@@ -132,25 +116,9 @@ def specs_from_args(args: argparse.Namespace) -> list[RunSpec]:
     n_prefill, n_decode = parse_pd(args.pd)
     policies = parse_policies(args.policy)
     workloads = _workloads(args.workload)
-    try:
-        slo = SLO(args.ttft_slo, args.tpot_slo)
-        token_cfg = FluidTokenConfig(eta=args.eta, dpi_load_high=args.token_dpi_load_high)
-        role_cfg = FluidRoleConfig(
-            ppi_low=args.ppi_low,
-            ppi_high=args.ppi_high,
-            dpi_load_high=args.dpi_load_high,
-            dpi_adm_high=args.dpi_adm_high,
-            interval_s=args.interval,
-            window_s=args.window,
-            n_persist=args.n_persist,
-            cooldown_s=args.cooldown,
-            reversal_cooldown_s=args.reversal_cooldown,
-            min_prefill=args.min_prefill,
-            min_decode=args.min_decode,
-            drain_mode=DrainMode(args.drain_mode),
-        )
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
+    slo = slo_config(args)
+    token_cfg = fluidtoken_config(args)
+    role_cfg = fluidrole_config(args)
     if args.min_prefill + args.min_decode > n_prefill + n_decode:
         raise UserError("--min-prefill + --min-decode exceed the workers in --pd")
     max_workers = args.autoscale_max_workers or n_prefill + n_decode + 2

@@ -1,0 +1,74 @@
+"""``fluidpd controller``: the FluidRole controller, without Kubernetes."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+from typing import Any
+
+from fluidpd.cli.errors import UserError
+from fluidpd.cli.policy_options import add_fluidrole_options, fluidrole_config
+from fluidpd.cli.router_cmd import parse_workers
+from fluidpd.core.fluidrole import FluidRoleConfig
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "controller",
+        help="run the FluidRole controller against running sidecars",
+        description="Polls each sidecar's /pressure, runs the FluidRole policy and switches "
+        "workers in place with POST /role. Workers come from --router (its worker set) or "
+        "--worker.",
+    )
+    p.add_argument("--router", default=None, help="router URL; its worker set is used")
+    p.add_argument("--worker", action="append", default=[], metavar="ID=URL")
+    add_fluidrole_options(p)
+    p.add_argument("--admin-token", default=os.environ.get("FLUIDPD_ADMIN_TOKEN"))
+    p.add_argument("--log-level", default="info")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.router and not args.worker:
+        raise UserError("give --router or at least one --worker")
+    static = parse_workers(args.worker)
+    cfg = fluidrole_config(args)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s controller %(levelname)s %(message)s"
+    )
+    asyncio.run(_main(args.router, static, cfg, args.admin_token or None))
+    return 0
+
+
+async def _main(
+    router: str | None, static: dict[str, str], cfg: FluidRoleConfig, token: str | None
+) -> None:
+    import aiohttp
+    import orjson
+
+    from fluidpd.controller.loop import FluidRoleController
+
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with aiohttp.ClientSession() as session:
+
+        async def source() -> dict[str, str]:
+            if not router:
+                return static
+            async with session.get(f"{router}/admin/stats") as resp:
+                stats = orjson.loads(await resp.read())
+            return {w["worker"]: w["url"] for w in stats["workers"]} | static
+
+        async def refresh() -> None:
+            if router:
+                async with session.post(f"{router}/admin/poll", headers=headers):
+                    pass
+
+        controller = FluidRoleController(source, cfg, session, token, refresh)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await controller.run(stop)

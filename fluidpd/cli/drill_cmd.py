@@ -1,0 +1,122 @@
+"""``fluidpd drill``: operational drills on a fresh local deployment, written as JSON.
+
+- ``switches``: N in-place role switches in both directions under load;
+- ``kill``: SIGKILL one worker under load (FluidPD policy, so the controller is running);
+- ``router-overhead``: the router against calling a sidecar pair directly, side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from fluidpd.cli.errors import UserError
+from fluidpd.cli.options import positive_float, positive_int
+
+#: A synthetic profile whose steps take well under a millisecond, so that the router
+#: overhead drill measures the serving path rather than simulated model compute.
+FAST_PROFILE = """\
+name: serving-path
+model: serving-path
+gpu: cpu
+context_limit: 32768
+max_running_requests: 4096
+prefill: {c1_ms_per_token: 0.001, c0_ms: 0.5}
+suffix: {s1_ms_per_token: 0.001, s0_ms: 0.2}
+decode: {a_c_ms_per_token: 0.0, a_n_ms_per_request: 0.001, a_0_ms: 0.5}
+kv: {capacity_tokens: 10000000, bytes_per_token: 1024}
+transfer: {bandwidth_gb_per_s: 100, base_latency_ms: 0.05}
+switch: {to_decode_ms: 1, to_prefill_ms: 1}
+sources: ["synthetic: measures the serving path, not a model"]
+"""
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("drill", help="operational drills on a local deployment (JSON out)")
+    drills = p.add_subparsers(dest="drill", required=True, parser_class=type(p))
+    s = drills.add_parser("switches", help="role switches in both directions under load")
+    s.add_argument("--pd", default="3P3D")
+    s.add_argument("--switches", type=positive_int("--switches"), default=20)
+    s.add_argument("--rps", type=positive_float("--rps"), default=8.0)
+    s.add_argument("--out", default="out/drills/switches.json")
+    s.set_defaults(func=run_switches)
+    k = drills.add_parser("kill", help="SIGKILL a worker under load")
+    k.add_argument("--pd", default="3P3D")
+    k.add_argument(
+        "--worker", default=None, help="worker to kill (default: the busiest decode worker)"
+    )
+    k.add_argument("--rps", type=positive_float("--rps"), default=8.0)
+    k.add_argument("--out", default="out/drills/kill.json")
+    k.set_defaults(func=run_kill)
+    o = drills.add_parser("router-overhead", help="router vs direct sidecar calls")
+    o.add_argument("--rps", type=positive_float("--rps"), default=200.0)
+    o.add_argument("--duration", type=positive_float("--duration"), default=20.0)
+    o.add_argument("--out", default="out/drills/router-overhead.json")
+    o.set_defaults(func=run_overhead)
+
+
+def _write(out: str, result: dict[str, Any]) -> int:
+    result["command"] = "fluidpd " + " ".join(sys.argv[1:])
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result, indent=1))
+    print(f"wrote {path}")
+    return 0
+
+
+def run_switches(args: argparse.Namespace) -> int:
+    from fluidpd.drills.stack import LocalStack
+    from fluidpd.drills.switches import switch_drill
+
+    with tempfile.TemporaryDirectory() as tmp, LocalStack(Path(tmp), args.pd, "static") as stack:
+        result = asyncio.run(
+            switch_drill(stack.endpoint, stack.token, "llama-3.1-8b", args.switches, args.rps)
+        )
+        result["orphans"] = stack.stop()
+    result["pd"] = args.pd
+    result["rps"] = args.rps
+    return _write(args.out, result)
+
+
+def run_kill(args: argparse.Namespace) -> int:
+    from fluidpd.drills.kill import kill_drill
+    from fluidpd.drills.stack import LocalStack
+
+    with tempfile.TemporaryDirectory() as tmp, LocalStack(Path(tmp), args.pd, "fluidpd") as stack:
+        pids = stack.pids()
+        if args.worker is not None and args.worker not in pids:
+            raise UserError(f"--worker: no worker {args.worker!r} in a {args.pd} deployment")
+        result = asyncio.run(
+            kill_drill(
+                stack.endpoint, "llama-3.1-8b", args.worker, pids, args.rps,
+                controller_log=Path(tmp) / "controller.log",
+            )
+        )  # fmt: skip
+        result["orphans"] = stack.stop()
+    result["pd"] = args.pd
+    return _write(args.out, result)
+
+
+def run_overhead(args: argparse.Namespace) -> int:
+    from fluidpd.drills.overhead import router_overhead
+    from fluidpd.drills.stack import LocalStack
+
+    with tempfile.TemporaryDirectory() as tmp:
+        profile = Path(tmp) / "serving-path.yaml"
+        profile.write_text(FAST_PROFILE)
+        extra = ("--profile", str(profile), "--noise", "0")
+        with LocalStack(Path(tmp) / "stack", "1P1D", "static", *extra) as stack:
+            result = asyncio.run(
+                router_overhead(
+                    stack.endpoint, "serving-path", stack.workers["w0"], stack.workers["w1"],
+                    stack.token, args.rps, args.duration,
+                )
+            )  # fmt: skip
+            result["orphans"] = stack.stop()
+    return _write(args.out, result)

@@ -1,0 +1,81 @@
+"""``fluidpd router``: the OpenAI-compatible front door."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from typing import Any
+
+from fluidpd.cli.errors import UserError
+from fluidpd.cli.options import add_float, positive_int
+from fluidpd.core.pairing import PAIRINGS
+from fluidpd.profiles import resolve_profile
+
+
+def parse_workers(items: list[str]) -> dict[str, str]:
+    workers: dict[str, str] = {}
+    for item in items:
+        wid, sep, url = item.partition("=")
+        if not sep or not wid or not url.startswith(("http://", "https://")):
+            raise UserError(f"--worker: expected ID=http://HOST:PORT, got {item!r}")
+        if wid in workers:
+            raise UserError(f"--worker: {wid!r} given twice")
+        workers[wid] = url.rstrip("/")
+    return workers
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("router", help="run the OpenAI-compatible router")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=positive_int("--port"), default=8000)
+    p.add_argument(
+        "--worker",
+        action="append",
+        default=[],
+        metavar="ID=URL",
+        help="a worker sidecar (repeat); more can be PUT to /admin/workers later",
+    )
+    p.add_argument("--model", default="llama-3.1-8b", help="served model name")
+    p.add_argument("--gpu", default="a100-80gb")
+    p.add_argument("--profile", default=None, help="profile YAML (for the context limit)")
+    p.add_argument("--pairing", choices=PAIRINGS, default="round-robin")
+    add_float(p, "--first-token-timeout", 60.0, "cancel a request without a first token after, s")
+    add_float(p, "--poll", 0.5, "worker poll period, s")
+    p.add_argument(
+        "--admin-token",
+        default=os.environ.get("FLUIDPD_ADMIN_TOKEN"),
+        help="bearer token for sidecar calls and /admin (env FLUIDPD_ADMIN_TOKEN)",
+    )
+    p.add_argument("--log-level", default="warning")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from fluidpd.router.app import RouterConfig, create_app
+
+    profile = resolve_profile(args.model, args.gpu, args.profile)
+    cfg = RouterConfig(
+        model=args.model if args.profile is None else profile.model,
+        context_limit=profile.context_limit,
+        workers=parse_workers(args.worker),
+        admin_token=args.admin_token or None,
+        pairing=args.pairing,
+        first_token_timeout_s=args.first_token_timeout,
+        poll_s=args.poll,
+    )
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s router %(levelname)s %(message)s"
+    )
+    uvicorn.run(
+        create_app(cfg),
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        access_log=False,
+        loop="uvloop",
+        http="httptools",
+    )
+    return 0

@@ -1,0 +1,99 @@
+"""``fluidpd sidecar``: run one worker sidecar (one process per worker)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from typing import Any
+
+from fluidpd.cli.options import add_float, positive_int
+from fluidpd.cli.policy_options import (
+    add_fluidtoken_options,
+    add_slo_options,
+    fluidtoken_config,
+    slo_config,
+)
+from fluidpd.core.types import Role
+from fluidpd.profiles import resolve_profile
+
+ENGINES = ("sim",)
+TRANSFERS = ("sim", "mooncake")
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "sidecar",
+        help="run one worker sidecar (engine + shared scheduler + HTTP API)",
+        description="One process per worker: owns an engine, runs the shared FluidPD scheduler "
+        "and serves the P/D protocol, /pressure, /role, health and Prometheus metrics.",
+    )
+    p.add_argument("--id", required=True, help="worker id, unique in the deployment")
+    p.add_argument("--role", choices=[r.value for r in Role], required=True, help="initial role")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=positive_int("--port"), default=8100)
+    p.add_argument("--url", default=None, help="URL peers reach this sidecar at")
+    p.add_argument("--engine", choices=ENGINES, default="sim")
+    p.add_argument("--kv-transfer", choices=TRANSFERS, default="sim")
+    p.add_argument("--model", default="llama-3.1-8b")
+    p.add_argument("--gpu", default="a100-80gb")
+    p.add_argument("--profile", default=None, help="profile YAML (replaces --model/--gpu)")
+    add_slo_options(p)
+    p.add_argument("--no-fluidtoken", action="store_true", help="disable token stealing")
+    add_fluidtoken_options(p)
+    p.add_argument("--adaptive", action="store_true", help="recalibrate predictors online")
+    add_float(p, "--noise", 0.0, "sim engine: log-normal noise sigma", allow_zero=True)
+    add_float(p, "--drift", 1.0, "sim engine: true time / profile prediction")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--admin-token",
+        default=os.environ.get("FLUIDPD_ADMIN_TOKEN"),
+        help="bearer token required on admin/internal endpoints (env FLUIDPD_ADMIN_TOKEN)",
+    )
+    p.add_argument("--log-level", default="warning")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+    from fluidpd_sidecar.app import create_app
+    from fluidpd_sidecar.engine import SimEngine
+    from fluidpd_sidecar.service import SidecarConfig, SidecarService
+    from fluidpd_sidecar.transfer import KVTransfer, SimTransfer
+
+    profile = resolve_profile(args.model, args.gpu, args.profile)
+    slo = slo_config(args)
+    token_cfg = fluidtoken_config(args, enabled=not args.no_fluidtoken)
+    url = args.url or f"http://{args.host}:{args.port}"
+    cfg = SidecarConfig(
+        worker_id=args.id,
+        role=Role(args.role),
+        url=url,
+        profile=profile,
+        slo=slo,
+        token_cfg=token_cfg,
+        adaptive=args.adaptive,
+        admin_token=args.admin_token or None,
+    )
+    engine = SimEngine(profile, noise=args.noise, drift=args.drift, seed=args.seed)
+    transfer: KVTransfer
+    if args.kv_transfer == "mooncake":
+        from fluidpd_sidecar.transfer_mooncake import MooncakeTransfer
+
+        transfer = MooncakeTransfer(hostname=args.host)
+    else:
+        transfer = SimTransfer(profile.transfer_model())
+    logging.basicConfig(
+        level=args.log_level.upper(), format=f"%(asctime)s {args.id} %(levelname)s %(message)s"
+    )
+    service = SidecarService(cfg, engine, transfer)
+    uvicorn.run(
+        create_app(service),
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        access_log=False,
+        loop="uvloop",
+        http="httptools",
+    )
+    return 0

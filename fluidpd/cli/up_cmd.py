@@ -1,0 +1,212 @@
+"""``fluidpd up``: a whole local deployment (sidecars, router, controller) on loopback.
+
+Every component is its own process, started the way a deployment would start it
+(``fluidpd sidecar|router|controller``), with its log under the run directory. Children die
+with the parent even if the parent is killed with SIGKILL (Linux parent-death signal), and
+Ctrl-C / SIGTERM stops them all in order.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from fluidpd.cli.errors import UserError
+from fluidpd.cli.options import add_float, positive_int
+from fluidpd.cli.policy_options import (
+    add_fluidrole_options,
+    add_fluidtoken_options,
+    add_slo_options,
+    fluidrole_argv,
+    fluidrole_config,
+    fluidtoken_config,
+    slo_config,
+)
+from fluidpd.profiles import resolve_profile
+from fluidpd.sim.policies import MECHANISMS, parse_pd
+
+LIVE_POLICIES = ("static", "fluidtoken", "fluidrole", "fluidpd")
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "up",
+        help="start a local FluidPD deployment (router + sidecars + controller)",
+        description="Starts N worker sidecars (sim engine), the router and, for policies with "
+        "FluidRole, the controller, as local processes on loopback. Prints the endpoint and "
+        "runs until Ctrl-C or SIGTERM, then stops everything.",
+    )
+    p.add_argument("--pd", default="4P4D", help="initial split (default 4P4D)")
+    p.add_argument("--policy", choices=LIVE_POLICIES, default="fluidpd")
+    p.add_argument("--model", default="llama-3.1-8b")
+    p.add_argument("--gpu", default="a100-80gb")
+    p.add_argument("--profile", default=None, help="profile YAML (replaces --model/--gpu)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=positive_int("--port"), default=8000, help="router port")
+    p.add_argument(
+        "--base-port",
+        type=positive_int("--base-port"),
+        default=None,
+        help="first sidecar port (default: --port + 101)",
+    )
+    p.add_argument("--run-dir", default=None, help="logs go here (default runs/up-<time>)")
+    add_float(p, "--noise", 0.05, "sim engine: log-normal noise on step times", allow_zero=True)
+    add_float(p, "--drift", 1.0, "sim engine: true time / profile prediction")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--adaptive", action="store_true")
+    p.add_argument("--pairing", choices=("round-robin", "least-loaded"), default="round-robin")
+    add_float(p, "--first-token-timeout", 60.0, "router: cancel without a first token after, s")
+    p.add_argument(
+        "--admin-token",
+        default=os.environ.get("FLUIDPD_ADMIN_TOKEN"),
+        help="bearer token for internal/admin endpoints (default: a random one per run)",
+    )
+    add_slo_options(p)
+    add_fluidtoken_options(p)
+    add_fluidrole_options(p)
+    p.add_argument("--ready-timeout", type=positive_int("--ready-timeout"), default=60)
+    p.set_defaults(func=run)
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM when the parent dies, however it dies."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _wait_http(url: str, deadline: float) -> bool:
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=1.0) as resp:
+                if resp.status == 200:
+                    return True
+        except (urllib.error.URLError, OSError):
+            pass
+        time.sleep(0.2)
+    return False
+
+
+class Stack:
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.procs: list[tuple[str, subprocess.Popen[bytes]]] = []
+
+    def start(self, name: str, argv: list[str], env: dict[str, str]) -> None:
+        log = (self.run_dir / f"{name}.log").open("wb")
+        cmd = [sys.executable, "-m", "fluidpd.cli.main", *argv]
+        (self.run_dir / f"{name}.cmd").write_text(" ".join(cmd) + "\n")
+        # `up` starts no threads, so a pre-exec hook is safe here.
+        proc = subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            preexec_fn=_die_with_parent,  # noqa: PLW1509
+        )
+        (self.run_dir / f"{name}.pid").write_text(f"{proc.pid}\n")
+        self.procs.append((name, proc))
+
+    def stop(self, timeout: float = 10.0) -> None:
+        # Controller first (no switch starts while stopping), then the router, then workers.
+        for _, proc in reversed(self.procs):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.time() + timeout
+        for _, proc in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(max(0.0, deadline - time.time()))
+        for _, proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+    def dead(self) -> list[str]:
+        return [name for name, proc in self.procs if proc.poll() is not None]
+
+
+def run(args: argparse.Namespace) -> int:
+    n_prefill, n_decode = parse_pd(args.pd)
+    profile = resolve_profile(args.model, args.gpu, args.profile)
+    slo_config(args), fluidtoken_config(args), fluidrole_config(args)  # validate before starting
+    base_port = args.base_port or args.port + 101
+    ports = list(range(base_port, base_port + n_prefill + n_decode))
+    if args.port in ports:
+        raise UserError("--base-port: sidecar ports would include the router's --port")
+    run_dir = Path(args.run_dir or f"runs/up-{time.strftime('%Y%m%d-%H%M%S')}")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    token = args.admin_token or secrets.token_urlsafe(16)
+    env = {**os.environ, "FLUIDPD_ADMIN_TOKEN": token}
+    mech = MECHANISMS[args.policy]
+    model_args = (
+        ["--profile", args.profile] if args.profile else ["--model", args.model, "--gpu", args.gpu]
+    )
+    slo_args = ["--ttft-slo", str(args.ttft_slo), "--tpot-slo", str(args.tpot_slo)]
+    stack = Stack(run_dir)
+    stopping = False
+
+    def on_signal(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    workers: list[str] = []
+    try:
+        for i, port in enumerate(ports):
+            wid = f"w{i}"
+            role = "prefill" if i < n_prefill else "decode"
+            argv = [
+                "sidecar", "--id", wid, "--role", role, "--host", args.host, "--port", str(port),
+                *model_args, *slo_args, "--eta", str(args.eta),
+                "--token-dpi-load-high", str(args.token_dpi_load_high),
+                "--noise", str(args.noise), "--drift", str(args.drift),
+                "--seed", str(args.seed + i),
+            ]  # fmt: skip
+            if not mech.fluidtoken:
+                argv.append("--no-fluidtoken")
+            if args.adaptive:
+                argv.append("--adaptive")
+            stack.start(wid, argv, env)
+            workers.append(f"{wid}=http://{args.host}:{port}")
+        router = [
+            "router", "--host", args.host, "--port", str(args.port), *model_args,
+            "--pairing", args.pairing, "--first-token-timeout", str(args.first_token_timeout),
+        ]  # fmt: skip
+        for w in workers:
+            router += ["--worker", w]
+        stack.start("router", router, env)
+        endpoint = f"http://{args.host}:{args.port}"
+        deadline = time.time() + args.ready_timeout
+        ready = all(_wait_http(f"{w.split('=', 1)[1]}/healthz", deadline) for w in workers)
+        ready = ready and _wait_http(f"{endpoint}/healthz", deadline)
+        if not ready or stack.dead():
+            raise UserError(f"the stack did not come up; see the logs in {run_dir}")
+        if mech.fluidrole:
+            ctl = ["controller", "--router", endpoint, *fluidrole_argv(args)]
+            stack.start("controller", ctl, env)
+        served = profile.model if args.profile else args.model
+        print(
+            f"FluidPD is up: {endpoint} (OpenAI API; model {served})\n"
+            f"  {args.pd} {args.policy}, sidecars on ports {ports[0]}-{ports[-1]}, "
+            f"logs in {run_dir}\n  Ctrl-C stops everything.",
+            flush=True,
+        )
+        (run_dir / "endpoint").write_text(endpoint + "\n")
+        while not stopping:
+            time.sleep(0.2)
+    finally:
+        stack.stop()
+    print("stopped", flush=True)
+    return 0

@@ -1,0 +1,2 @@
+"""The FluidRole controller outside Kubernetes (`fluidpd controller`); the operator hosts the
+same class."""

@@ -1,0 +1,187 @@
+"""Polls every worker's ``/pressure``, runs the core's FluidRole policy, and carries out its
+decisions through the sidecars' ``POST /role``.
+
+The decision logic is ``fluidpd.core.fluidrole.FluidRolePolicy``; this module only moves data:
+pressure reports in, switch requests out. A worker that does not answer is left out of the
+observation, so a dead worker is never chosen for a switch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import orjson
+
+from fluidpd.core.fluidrole import (
+    FluidRoleConfig,
+    FluidRolePolicy,
+    Recommendation,
+    SwitchDecision,
+    WorkerSignals,
+)
+from fluidpd.core.types import Role, RoleState
+
+log = logging.getLogger("fluidpd.controller")
+
+#: Returns the current worker set, id -> sidecar URL.
+WorkerSource = Callable[[], Awaitable[dict[str, str]]]
+
+
+@dataclass(slots=True)
+class ControllerEvent:
+    t: float
+    kind: str  # "switch-started", "switch-finished", "needs-capacity", "switch-refused"
+    worker: str = ""
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+class FluidRoleController:
+    def __init__(
+        self,
+        source: WorkerSource,
+        cfg: FluidRoleConfig,
+        session: aiohttp.ClientSession,
+        token: str | None = None,
+        on_change: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        self.source = source
+        self.cfg = cfg
+        self.policy = FluidRolePolicy(cfg)
+        self.session = session
+        self.headers = {"content-type": "application/json"}
+        if token:
+            self.headers["Authorization"] = f"Bearer {token}"
+        self.on_change = on_change
+        self.events: list[ControllerEvent] = []
+        self.reports: dict[str, dict[str, Any]] = {}
+        self._switching: tuple[str, Role] | None = None
+
+    async def _pressure(self, wid: str, url: str) -> dict[str, Any] | None:
+        try:
+            timeout = aiohttp.ClientTimeout(total=1.0, connect=0.5)
+            async with self.session.get(f"{url}/pressure", timeout=timeout) as resp:
+                if resp.status != 200:
+                    return None
+                report: dict[str, Any] = orjson.loads(await resp.read())
+                report["url"] = url
+                return report
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return None
+
+    async def step(self) -> SwitchDecision | Recommendation:
+        workers = await self.source()
+        results = await asyncio.gather(*(self._pressure(w, u) for w, u in workers.items()))
+        self.reports = {r["worker"]: r for r in results if r is not None}
+        now = time.time()
+        signals = [
+            WorkerSignals(
+                r["worker"],
+                Role(r["role"]),
+                RoleState(r["state"]),
+                r["attributable_ppi"],
+                r["dpi_load"],
+                r["dpi_adm"],
+                r["drain_cost"],
+            )
+            for r in self.reports.values()
+        ]
+        await self._track_switch(now)
+        decision = self.policy.observe(now, signals)
+        if isinstance(decision, SwitchDecision):
+            await self._start_switch(decision, now)
+        elif decision is Recommendation.NEEDS_CAPACITY:
+            self.events.append(ControllerEvent(now, "needs-capacity"))
+            log.warning("both phases pressured: the deployment needs more capacity")
+        return decision
+
+    async def _track_switch(self, now: float) -> None:
+        if self._switching is None:
+            return
+        wid, target = self._switching
+        r = self.reports.get(wid)
+        if r is None:
+            # The switching worker is gone: the switch will not finish; free the policy.
+            self.policy.switch_finished(wid, now)
+            self._switching = None
+            self.events.append(ControllerEvent(now, "switch-abandoned", wid))
+            return
+        if r["role"] == target.value and r["state"] == RoleState.ACTIVE.value:
+            self.policy.switch_finished(wid, now)
+            self._switching = None
+            self.events.append(
+                ControllerEvent(
+                    now,
+                    "switch-finished",
+                    wid,
+                    {
+                        "to": target.value,
+                        "drain_s": r.get("last_switch_finished", now)
+                        - r.get("last_switch_started", now),
+                    },
+                )
+            )
+            if self.on_change:
+                await self.on_change()
+
+    async def _start_switch(self, d: SwitchDecision, now: float) -> None:
+        url = self.reports[d.worker]["url"]
+        decode_urls = [
+            r["url"]
+            for w, r in self.reports.items()
+            if r["role"] == Role.DECODE.value
+            and r["state"] == RoleState.ACTIVE.value
+            and w != d.worker
+        ]
+        body = {"role": d.target.value, "drain": d.drain_mode.value, "migrate_to": decode_urls}
+        try:
+            async with self.session.post(
+                f"{url}/role",
+                data=orjson.dumps(body),
+                headers=self.headers,
+                timeout=aiohttp.ClientTimeout(total=5.0),
+            ) as resp:
+                ok = resp.status == 200
+                detail = (await resp.text())[:200]
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            ok, detail = False, str(exc)
+        if not ok:
+            log.warning("switch of %s refused: %s", d.worker, detail)
+            self.policy.switch_finished(d.worker, now)
+            self.events.append(ControllerEvent(now, "switch-refused", d.worker, {"detail": detail}))
+            return
+        self._switching = (d.worker, d.target)
+        log.info(
+            "switch %s %s -> %s (%s drain)",
+            d.worker,
+            d.source.value,
+            d.target.value,
+            d.drain_mode.value,
+        )
+        self.events.append(
+            ControllerEvent(
+                now,
+                "switch-started",
+                d.worker,
+                {"from": d.source.value, "to": d.target.value, "drain": d.drain_mode.value},
+            )
+        )
+        if self.on_change:
+            await self.on_change()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            started = time.monotonic()
+            try:
+                await self.step()
+            except Exception:  # keep controlling; one bad interval must not stop the loop
+                log.exception("control interval failed")
+            delay = self.cfg.interval_s - (time.monotonic() - started)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), max(0.0, delay))

@@ -1,0 +1,242 @@
+"""One request through a prefill/decode pair: send both halves, relay the decode stream,
+re-pair when a half is turned away or rerouted, and give up cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import aiohttp
+import orjson
+
+from fluidpd.api.internal import MAX_RID
+from fluidpd.router.workers import WorkerInfo, WorkerSet
+
+log = logging.getLogger("fluidpd.router.dispatch")
+
+_JSON = {"content-type": "application/json"}
+
+
+class RequestFailed(Exception):
+    """The request cannot be completed; ``status`` is the HTTP status to answer with."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class _Retry(Exception):
+    """This pair could not serve the request before it started; pair it again."""
+
+
+@dataclass(slots=True)
+class Job:
+    prompt_len: int
+    max_new_tokens: int
+    arrival: float
+    rid: int = 0
+    tokens: int = 0
+    attempts: int = 0
+    first_token_t: float = 0.0
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        workers: WorkerSet,
+        session: aiohttp.ClientSession,
+        token: str | None = None,
+        first_token_timeout_s: float = 60.0,
+        max_attempts: int = 6,
+    ) -> None:
+        self.workers = workers
+        self.session = session
+        self.headers = {**_JSON, **({"Authorization": f"Bearer {token}"} if token else {})}
+        self.first_token_timeout_s = first_token_timeout_s
+        self.max_attempts = max_attempts
+        self.retries = 0
+        self._aborts: set[asyncio.Future[None]] = set()
+
+    async def generate(self, job: Job) -> AsyncIterator[list[int]]:
+        """Yields the generated token ids in chunks until the request is done."""
+        deadline = job.arrival + self.first_token_timeout_s
+        while True:
+            job.attempts += 1
+            if job.attempts > self.max_attempts:
+                raise RequestFailed(
+                    503, f"no worker pair could take the request in {self.max_attempts} attempts"
+                )
+            pair = self.workers.choose()
+            if pair is None:
+                if time.time() >= deadline:
+                    raise RequestFailed(503, "no active prefill and decode workers")
+                await asyncio.sleep(0.2)  # a switch or a restart may be under way
+                job.attempts -= 1
+                continue
+            job.rid = random.randint(0, MAX_RID)
+            try:
+                async for ids in self._attempt(job, *pair, deadline):
+                    yield ids
+                return
+            except _Retry as why:
+                self.retries += 1
+                log.info("request %d re-paired: %s", job.rid, why)
+                continue
+
+    async def _post(self, url: str, body: dict[str, object]) -> aiohttp.ClientResponse:
+        return await self.session.post(url, data=orjson.dumps(body), headers=self.headers)
+
+    def _abort(self, worker: WorkerInfo, rid: int, reason: str) -> None:
+        async def go() -> None:
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                async with self.session.post(
+                    f"{worker.url}/v1/internal/abort",
+                    data=orjson.dumps({"rid": rid, "reason": reason}),
+                    headers=self.headers,
+                    timeout=aiohttp.ClientTimeout(total=2.0),
+                ):
+                    pass
+
+        task = asyncio.ensure_future(go())
+        self._aborts.add(task)
+        task.add_done_callback(self._aborts.discard)
+
+    async def _open_decode(self, d: WorkerInfo, job: Job, p: WorkerInfo) -> aiohttp.ClientResponse:
+        body = {
+            "rid": job.rid,
+            "prompt_len": job.prompt_len,
+            "max_new_tokens": job.max_new_tokens,
+            "arrival": job.arrival,
+            "prefill_worker": p.worker,
+            "prefill_url": p.url,
+        }
+        try:
+            resp = await self._post(f"{d.url}/v1/internal/decode", body)
+        except aiohttp.ClientError as exc:
+            self.workers.suspect(d.worker)
+            raise _Retry(f"decode {d.worker} unreachable: {exc}") from None
+        if resp.status == 409:
+            resp.release()
+            raise _Retry(f"decode {d.worker} not taking work")
+        if resp.status != 200:
+            text = await resp.text()
+            resp.release()
+            raise RequestFailed(resp.status if resp.status < 500 else 502, text[:300])
+        return resp
+
+    async def _prefill(self, p: WorkerInfo, d: WorkerInfo, job: Job) -> str:
+        """The prefill half's outcome status ("done", "reroute", "cancelled", or an error)."""
+        body = {
+            "rid": job.rid,
+            "prompt_len": job.prompt_len,
+            "max_new_tokens": job.max_new_tokens,
+            "arrival": job.arrival,
+            "decode_worker": d.worker,
+            "decode_url": d.url,
+        }
+        try:
+            async with await self._post(f"{p.url}/v1/internal/prefill", body) as resp:
+                if resp.status == 409:
+                    return "busy"
+                if resp.status != 200:
+                    return f"error: HTTP {resp.status}"
+                return str(orjson.loads(await resp.read()).get("status", "error"))
+        except aiohttp.ClientError:
+            self.workers.suspect(p.worker)
+            return "unreachable"
+
+    async def _attempt(
+        self, job: Job, p: WorkerInfo, d: WorkerInfo, deadline: float
+    ) -> AsyncIterator[list[int]]:
+        resp = await self._open_decode(d, job, p)
+        prefill = asyncio.ensure_future(self._prefill(p, d, job))
+        source = d
+        failed_prefill: list[str] = []
+
+        def prefill_ended(task: asyncio.Future[str]) -> None:
+            # A prefill half that ends badly before the first token: stop the decode half, whose
+            # stream then ends with "cancelled" and the request is re-paired.
+            if task.cancelled() or job.tokens:
+                return
+            status = task.result()
+            if status != "done":
+                failed_prefill.append(status)
+                self._abort(source, job.rid, f"prefill half {status}")
+
+        prefill.add_done_callback(prefill_ended)
+        try:
+            while True:
+                try:
+                    if job.tokens:
+                        line = await resp.content.readline()
+                    else:
+                        line = await asyncio.wait_for(
+                            resp.content.readline(), max(0.0, deadline - time.time())
+                        )
+                except aiohttp.ClientError:
+                    line = b""  # the decode sidecar went away mid-stream
+                except TimeoutError:
+                    self._abort(p, job.rid, "first-token timeout")
+                    self._abort(source, job.rid, "first-token timeout")
+                    raise RequestFailed(
+                        504, f"no first token within {self.first_token_timeout_s:g} s"
+                    ) from None
+                if not line:
+                    if job.tokens:
+                        raise RequestFailed(
+                            502, f"decode worker {source.worker} was lost mid-stream"
+                        )
+                    self.workers.suspect(source.worker)
+                    self._abort(p, job.rid, "decode half lost")
+                    raise _Retry(f"decode {source.worker} stream ended before the first token")
+                event = orjson.loads(line)
+                kind = event["event"]
+                if kind == "token":
+                    ids = event["ids"]
+                    if ids:
+                        job.tokens += len(ids)
+                        if not job.first_token_t:
+                            job.first_token_t = time.time()
+                        yield ids
+                elif kind == "done":
+                    # Read the stream's end so the connection goes back to the pool.
+                    await resp.content.read()
+                    return
+                elif kind == "migrated":
+                    resp.release()
+                    source = self.workers.workers.get(
+                        _worker_of(self.workers, event["url"]), source
+                    )
+                    resp = await self.session.get(
+                        f"{event['url']}/v1/internal/decode/{job.rid}/events", headers=self.headers
+                    )
+                    if resp.status != 200:
+                        raise RequestFailed(502, f"migrated request lost (HTTP {resp.status})")
+                elif not job.tokens and kind in ("reroute", "cancelled", "error"):
+                    if kind != "cancelled" or not failed_prefill:
+                        self._abort(p, job.rid, f"decode half {kind}")
+                    why = failed_prefill[0] if failed_prefill else event.get("detail", "")
+                    raise _Retry(f"{kind} ({why})")
+                else:
+                    detail = event.get("detail", "")
+                    raise RequestFailed(
+                        502, f"decode worker {source.worker}: {kind} {detail}".strip()
+                    )
+        finally:
+            resp.release()
+            if not prefill.done():
+                prefill.remove_done_callback(prefill_ended)
+                prefill.cancel()
+
+
+def _worker_of(workers: WorkerSet, url: str) -> str:
+    for w in workers.workers.values():
+        if w.url.rstrip("/") == url.rstrip("/"):
+            return w.worker
+    return ""

@@ -1,0 +1,633 @@
+"""The sidecar's engine room: the shared scheduler in real time, and the messages it sends.
+
+One asyncio task runs the plan/execute/complete cycle of ``fluidpd.core.scheduler.Worker``
+against the engine; HTTP handlers only feed it (new halves, reservations, hand-offs, aborts,
+role switches) and wake it. Every message the scheduler puts in its outbox is delivered here:
+to a peer sidecar over HTTP, or to the router through the request's decode event stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Coroutine, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from fluidpd.api.internal import (
+    Abort,
+    Adopt,
+    DecodeEvent,
+    DecodeHalf,
+    Handoff,
+    PrefillHalf,
+    PrefillOutcome,
+    PressureReport,
+    Released,
+    Reserved,
+    RoleRequest,
+    RoleStatus,
+    SuffixCommit,
+)
+from fluidpd.core.fluidtoken import FluidTokenConfig
+from fluidpd.core.profile import Profile
+from fluidpd.core.scheduler import messages as msg
+from fluidpd.core.scheduler.prefill import PrefillBatch
+from fluidpd.core.scheduler.worker import Worker
+from fluidpd.core.types import SLO, Request, Role, RoleState
+from fluidpd_sidecar.engine import Engine
+from fluidpd_sidecar.metrics import SidecarMetrics
+from fluidpd_sidecar.peers import PeerError, Peers
+from fluidpd_sidecar.transfer import KVDest, KVTransfer
+
+log = logging.getLogger("fluidpd.sidecar")
+
+
+class Conflict(RuntimeError):
+    """The request cannot be served in the worker's current role or state (HTTP 409)."""
+
+
+class NotFound(KeyError):
+    """No such request here (HTTP 404)."""
+
+
+class BadRequest(ValueError):
+    """The request cannot be served at all (HTTP 400)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SidecarConfig:
+    worker_id: str
+    role: Role
+    url: str
+    profile: Profile
+    slo: SLO
+    token_cfg: FluidTokenConfig = FluidTokenConfig()
+    adaptive: bool = False
+    admin_token: str | None = None
+    #: Tokens are streamed to the router at most this often (first and last token at once).
+    stream_interval_s: float = 0.05
+    #: While a prefill queue is under pressure, paired decode budgets are refreshed this often.
+    budget_refresh_s: float = 0.1
+
+
+@dataclass(slots=True)
+class _PrefillHalf:
+    req: Request
+    decode_url: str
+    outcome: asyncio.Future[PrefillOutcome]
+    dest: KVDest | None = None
+    aborted: bool = False
+
+
+@dataclass(slots=True)
+class _DecodeHalf:
+    req: Request
+    prefill_url: str
+    events: asyncio.Queue[DecodeEvent | None] = field(default_factory=asyncio.Queue)
+    sent: int = 0
+    closed: bool = False
+    dest: KVDest | None = None
+
+
+class SidecarService:
+    def __init__(self, cfg: SidecarConfig, engine: Engine, transfer: KVTransfer) -> None:
+        self.cfg = cfg
+        self.engine = engine
+        self.transfer = transfer
+        self.worker = Worker.create(
+            cfg.worker_id, cfg.role, cfg.profile, cfg.slo, cfg.token_cfg, cfg.adaptive, time.time()
+        )
+        self.metrics = SidecarMetrics(self)
+        self.peers = Peers(cfg.admin_token)
+        self.prefill_halves: dict[int, _PrefillHalf] = {}
+        self.decode_halves: dict[int, _DecodeHalf] = {}
+        self._early_reserved: dict[int, Reserved] = {}
+        #: Per-prefill stealing budgets the paired decode workers advertise, by worker id.
+        self.budgets: dict[str, float] = {}
+        self._decode_urls: dict[str, str] = {}
+        self.n_prefill = 1
+        self.switches = 0
+        self._last_switch: tuple[Role, Role, float, float] | None = None
+        self._migrate_to: list[str] = []
+        self._drain_started = 0.0
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._background: set[asyncio.Task[None]] = set()
+        self._stopping = False
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    async def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._run(), name="scheduler"),
+            asyncio.create_task(self._flush_streams(), name="stream-flusher"),
+            asyncio.create_task(self._refresh_budgets(), name="budget-refresher"),
+        ]
+
+    async def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        for task in [*self._tasks, *self._background]:
+            task.cancel()
+        for task in [*self._tasks, *self._background]:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await self.peers.close()
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    # -- the scheduler loop -------------------------------------------------------------------
+    async def _run(self) -> None:
+        w = self.worker
+        while not self._stopping:
+            try:
+                await self._advance_switch()
+                batch = w.next_batch(
+                    time.time(), self._budget_source if w.role is Role.PREFILL else None
+                )
+                self._dispatch()
+                if batch is None:
+                    self._wake.clear()
+                    await self._wake.wait()
+                    continue
+                if isinstance(batch, PrefillBatch):
+                    measured = await self.engine.prefill(batch, None)
+                    self.metrics.queue_time(batch.start - batch.request.arrival)
+                else:
+                    measured = await self.engine.decode_step(batch)
+                w.finish_batch(batch, time.time(), measured)
+                self._dispatch()
+                if w.state is RoleState.DRAIN and w.role is Role.DECODE:
+                    await self._migrate_out()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a bug must not silently stop the worker; log and go on
+                log.exception("scheduler iteration failed")
+                await asyncio.sleep(0.01)
+
+    def _budget_source(self, decode_ids: Sequence[str]) -> np.ndarray:
+        return np.array([self.budgets.get(d, 0.0) for d in decode_ids], dtype=np.float64)
+
+    # -- outbox -------------------------------------------------------------------------------
+    def _dispatch(self) -> None:
+        for m in self.worker.take_outbox():
+            if isinstance(m, msg.Reserved):
+                self._spawn(self._send_reserved(m))
+            elif isinstance(m, msg.SuffixCommitted):
+                self._spawn(self._send_suffix(m))
+            elif isinstance(m, msg.Handoff):
+                self._spawn(self._handoff(m))
+            elif isinstance(m, msg.FirstToken):
+                self._first_token(m)
+            elif isinstance(m, msg.Finished):
+                self._finished(m)
+            elif isinstance(m, msg.Reroute):
+                self._reroute(m.request.rid)
+
+    async def _send_reserved(self, m: msg.Reserved) -> None:
+        half = self.decode_halves.get(m.rid)
+        if half is None:
+            return
+        body = Reserved(
+            rid=m.rid,
+            decode_worker=self.cfg.worker_id,
+            t=time.time(),
+            budget=self.worker.decode.steal_budget(self.n_prefill),
+            kv_session=half.dest.session if half.dest else "",
+            kv_addr=half.dest.addr if half.dest else 0,
+            kv_nbytes=half.dest.nbytes if half.dest else 0,
+        )
+        try:
+            await self.peers.post(half.prefill_url, "/v1/internal/reserved", body)
+        except PeerError as exc:
+            log.warning("reservation for %d not delivered: %s", m.rid, exc)
+            self._end_decode(m.rid, DecodeEvent(event="error", detail=f"prefill peer: {exc}"))
+
+    async def _send_suffix(self, m: msg.SuffixCommitted) -> None:
+        half = self.prefill_halves.get(m.rid)
+        if half is None:
+            return
+        try:
+            answer = await self.peers.post(
+                half.decode_url, "/v1/internal/suffix", SuffixCommit(rid=m.rid, tokens=m.tokens)
+            )
+            self.budgets[m.decode_worker] = float(answer.get("budget", 0.0))
+        except PeerError as exc:
+            log.warning("suffix commit for %d not delivered: %s", m.rid, exc)
+
+    async def _handoff(self, m: msg.Handoff) -> None:
+        half = self.prefill_halves.get(m.rid)
+        outcome = PrefillOutcome(status="cancelled", detail="aborted")
+        try:
+            if half is not None and not half.aborted:
+                region = self.engine.export_kv(m.rid, m.prefix_tokens)
+                await self.transfer.send(region.addr if region else None, half.dest, m.nbytes)
+                body = Handoff(rid=m.rid, prefix_tokens=m.prefix_tokens, nbytes=m.nbytes)
+                await self.peers.post(half.decode_url, "/v1/internal/handoff", body)
+                outcome = PrefillOutcome(status="done", stolen=half.req.stolen)
+        except Exception as exc:  # the transport or the peer failed: the half ends with an error
+            log.warning("hand-off of %d failed: %s", m.rid, exc)
+            outcome = PrefillOutcome(status="cancelled", detail=f"hand-off failed: {exc}")
+        finally:
+            self.worker.prefill.transfer_done(m.rid)
+            self.engine.release(m.rid)
+            self._resolve_prefill(m.rid, outcome)
+            self.wake()
+
+    def _resolve_prefill(self, rid: int, outcome: PrefillOutcome) -> None:
+        half = self.prefill_halves.pop(rid, None)
+        if half is not None and not half.outcome.done():
+            half.outcome.set_result(outcome)
+
+    def _push(self, half: _DecodeHalf, event: DecodeEvent) -> None:
+        if not half.closed:
+            half.events.put_nowait(event)
+
+    def _tokens_up_to(self, half: _DecodeHalf, n: int, t: float) -> None:
+        if n > half.sent:
+            ids = self.engine.token_ids(half.req.rid, half.sent, n)
+            self._push(half, DecodeEvent(event="token", n=n, ids=ids, t=t))
+            half.sent = n
+
+    def _first_token(self, m: msg.FirstToken) -> None:
+        half = self.decode_halves.get(m.rid)
+        if half is None:
+            return
+        self.metrics.first_token(m.t - half.req.arrival)
+        self._tokens_up_to(half, 1, m.t)
+
+    def _finished(self, m: msg.Finished) -> None:
+        half = self.decode_halves.get(m.rid)
+        if half is None:
+            return
+        req = half.req
+        self._tokens_up_to(half, req.max_new_tokens, m.t)
+        self.metrics.finished(req, m.t)
+        self._end_decode(m.rid, DecodeEvent(event="done", n=req.max_new_tokens, t=m.t))
+
+    def _end_decode(self, rid: int, event: DecodeEvent) -> None:
+        half = self.decode_halves.pop(rid, None)
+        if half is None:
+            return
+        self._push(half, event)
+        half.closed = True
+        half.events.put_nowait(None)
+        if half.dest is not None:
+            self.transfer.free(half.dest)
+        self.engine.release(rid)
+
+    def _reroute(self, rid: int) -> None:
+        if rid in self.prefill_halves:
+            self._resolve_prefill(rid, PrefillOutcome(status="reroute", detail="worker draining"))
+        if rid in self.decode_halves:
+            self._end_decode(rid, DecodeEvent(event="reroute", detail="worker draining"))
+
+    async def _flush_streams(self) -> None:
+        """Streams generated tokens in coalesced chunks (timing-exact first and last tokens are
+        sent as they happen)."""
+        while not self._stopping:
+            await asyncio.sleep(self.cfg.stream_interval_s)
+            d = self.worker.decode
+            now = time.time()
+            for rid, half in list(self.decode_halves.items()):
+                slot = d.active.get(rid)
+                if slot is not None:
+                    self._tokens_up_to(half, slot.generated(d.iteration), now)
+
+    async def _refresh_budgets(self) -> None:
+        """While this prefill queue is under stealing pressure, keep its peers' budgets fresh."""
+        while not self._stopping:
+            await asyncio.sleep(self.cfg.budget_refresh_s)
+            w = self.worker
+            if w.role is not Role.PREFILL or not self.cfg.token_cfg.enabled:
+                continue
+            if len(w.prefill.waiting) < 2:
+                continue
+            peers = {r.decode_worker for r in w.prefill.waiting}
+            for d in peers:
+                url = self._decode_urls.get(d)
+                if url is None:
+                    continue
+                try:
+                    answer = await self.peers.get(url, "/v1/internal/budget")
+                    self.budgets[d] = float(answer.get("budget", 0.0))
+                except PeerError:
+                    self.budgets[d] = 0.0
+
+    # -- request halves -----------------------------------------------------------------------
+    def _check_accepting(self, role: Role) -> None:
+        w = self.worker
+        if w.role is not role:
+            raise Conflict(f"worker {self.cfg.worker_id} is {w.role.value}, not {role.value}")
+        if not w.accepting:
+            raise Conflict(f"worker {self.cfg.worker_id} is {w.state.value}; not taking work")
+
+    def _check_context(self, prompt_len: int, max_new: int) -> None:
+        limit = self.cfg.profile.context_limit
+        if prompt_len + max_new > limit:
+            raise BadRequest(
+                f"prompt ({prompt_len}) + max_new_tokens ({max_new}) exceeds the context "
+                f"limit {limit}"
+            )
+
+    def accept_prefill(self, half: PrefillHalf) -> asyncio.Future[PrefillOutcome]:
+        self._check_accepting(Role.PREFILL)
+        self._check_context(half.prompt_len, half.max_new_tokens)
+        if half.rid in self.prefill_halves:
+            raise Conflict(f"request {half.rid} is already queued here")
+        req = Request(half.rid, half.arrival, half.prompt_len, half.max_new_tokens)
+        req.decode_worker = half.decode_worker
+        future: asyncio.Future[PrefillOutcome] = asyncio.get_running_loop().create_future()
+        self.prefill_halves[half.rid] = _PrefillHalf(req, half.decode_url, future)
+        self._decode_urls[half.decode_worker] = half.decode_url
+        self.worker.prefill.add(req)
+        early = self._early_reserved.pop(half.rid, None)
+        if early is not None:
+            self.reserved(early)
+        return future
+
+    def reserved(self, body: Reserved) -> None:
+        half = self.prefill_halves.get(body.rid)
+        if half is None:
+            # The decode side can be faster than the router's prefill call: keep it briefly.
+            self._early_reserved[body.rid] = body
+            if len(self._early_reserved) > 10_000:
+                self._early_reserved.pop(next(iter(self._early_reserved)))
+            return
+        self.budgets[body.decode_worker] = body.budget
+        if body.kv_session:
+            half.dest = KVDest(body.kv_session, body.kv_addr, body.kv_nbytes)
+        if self.worker.prefill.reserved(body.rid, body.t):
+            self.wake()
+
+    def accept_decode(self, half: DecodeHalf) -> _DecodeHalf:
+        self._check_accepting(Role.DECODE)
+        self._check_context(half.prompt_len, half.max_new_tokens)
+        if half.rid in self.decode_halves:
+            raise Conflict(f"request {half.rid} is already here")
+        req = Request(half.rid, half.arrival, half.prompt_len, half.max_new_tokens)
+        req.prefill_worker = half.prefill_worker
+        state = _DecodeHalf(req, half.prefill_url)
+        state.dest = self.transfer.reserve(half.prompt_len * self.cfg.profile.kv.bytes_per_token)
+        self.decode_halves[half.rid] = state
+        self.worker.decode.add(req)
+        self._dispatch()
+        self.wake()
+        return state
+
+    async def events(self, half: _DecodeHalf) -> AsyncIterator[bytes]:
+        """The decode half's NDJSON event stream; closing it early aborts the request."""
+        try:
+            while True:
+                event = await half.events.get()
+                if event is None:
+                    return
+                yield event.model_dump_json().encode() + b"\n"
+        finally:
+            if not half.closed:
+                self.abort(Abort(rid=half.req.rid, reason="router went away"))
+
+    def decode_half(self, rid: int) -> _DecodeHalf:
+        half = self.decode_halves.get(rid)
+        if half is None:
+            raise NotFound(f"no decode half for request {rid} here")
+        return half
+
+    def suffix_committed(self, body: SuffixCommit) -> float:
+        self.worker.decode.suffix_committed(body.rid, body.tokens)
+        return self.worker.decode.steal_budget(self.n_prefill)
+
+    def budget(self) -> float:
+        if self.worker.role is not Role.DECODE:
+            return 0.0
+        return self.worker.decode.steal_budget(self.n_prefill)
+
+    def handoff_done(self, body: Handoff) -> None:
+        if body.rid not in self.decode_halves:
+            raise NotFound(f"no decode half for request {body.rid} here")
+        self.worker.decode.handoff_done(body.rid, body.prefix_tokens, time.time())
+        self._dispatch()
+        self.wake()
+
+    def abort(self, body: Abort) -> bool:
+        """Cancels a request's half here, wherever it is; True if there was one."""
+        rid = body.rid
+        found = False
+        pre = self.prefill_halves.get(rid)
+        if pre is not None:
+            found = True
+            pre.aborted = True
+            if self.worker.prefill.cancel(rid) is not None:
+                self._resolve_prefill(rid, PrefillOutcome(status="cancelled", detail=body.reason))
+        self._early_reserved.pop(rid, None)
+        if rid in self.decode_halves:
+            found = True
+            self.worker.decode.cancel(rid)
+            self._dispatch()
+            self._end_decode(rid, DecodeEvent(event="cancelled", detail=body.reason))
+        self.wake()
+        return found
+
+    def release(self, rid: int) -> Released:
+        """A draining decode peer asks to re-pair a request whose prefill has not started."""
+        if self.worker.prefill.cancel(rid) is None:
+            return Released(released=False)
+        self._resolve_prefill(rid, PrefillOutcome(status="reroute", detail="decode peer draining"))
+        self.wake()
+        return Released(released=True)
+
+    # -- migration (drain "migrate") ---------------------------------------------------------
+    def adopt(self, body: Adopt) -> None:
+        self._check_accepting(Role.DECODE)
+        half = body.half
+        req = Request(half.rid, half.arrival, half.prompt_len, half.max_new_tokens)
+        req.prefill_worker = half.prefill_worker
+        req.first_token_t = body.first_token_t
+        if not self.worker.decode.adopt(req, body.generated):
+            raise Conflict(f"no KV room for request {half.rid}")
+        state = _DecodeHalf(req, half.prefill_url, sent=body.generated)
+        self.decode_halves[half.rid] = state
+
+    def activate(self, rid: int) -> None:
+        if rid not in self.decode_halves:
+            raise NotFound(f"no adopted request {rid} here")
+        self.worker.decode.activate(rid)
+        self.wake()
+
+    async def _pick_target(self) -> str | None:
+        best: tuple[int, str] | None = None
+        for url in self._migrate_to:
+            try:
+                p = await self.peers.get(url, "/pressure")
+            except PeerError:
+                continue
+            if p.get("role") != Role.DECODE.value or p.get("state") != RoleState.ACTIVE.value:
+                continue
+            free = int(p["kv_capacity"]) - int(p["kv_used"]) - int(p["kv_reserved"])
+            if best is None or free > best[0]:
+                best = (free, url)
+        return best[1] if best else None
+
+    async def _migrate_out(self) -> None:
+        d = self.worker.decode
+        if not d.migrate_on_drain or not d.active:
+            return
+        for rid in list(d.active):
+            half = self.decode_halves.get(rid)
+            slot = d.active.get(rid)
+            if half is None or slot is None or d.running is not None:
+                continue
+            target = await self._pick_target()
+            if target is None:
+                return
+            generated = slot.generated(d.iteration)
+            self._tokens_up_to(half, generated, time.time())
+            body = Adopt(
+                half=DecodeHalf(
+                    rid=rid,
+                    prompt_len=half.req.prompt_len,
+                    max_new_tokens=half.req.max_new_tokens,
+                    arrival=half.req.arrival,
+                    prefill_worker=half.req.prefill_worker,
+                    prefill_url=half.prefill_url,
+                ),
+                generated=generated,
+                first_token_t=half.req.first_token_t,
+            )
+            try:
+                await self.peers.post(target, "/v1/internal/adopt", body)
+            except PeerError as exc:
+                log.info("migration of %d to %s refused: %s", rid, target, exc)
+                continue
+            if rid not in d.active:  # finished or aborted while we asked
+                continue
+            req, generated = d.detach(rid)
+            nbytes = d.migration_bytes(req, generated)
+            self.decode_halves.pop(rid, None)
+            self._spawn(self._move(half, target, nbytes))
+
+    async def _move(self, half: _DecodeHalf, target: str, nbytes: int) -> None:
+        rid = half.req.rid
+        try:
+            await self.transfer.send(None, None, nbytes)
+            await self.peers.post(
+                target, "/v1/internal/activate", Abort(rid=rid, reason="migrated")
+            )
+            self._push(half, DecodeEvent(event="migrated", url=target, n=half.sent))
+        except Exception as exc:
+            self._push(half, DecodeEvent(event="error", detail=f"migration failed: {exc}"))
+        finally:
+            half.closed = True
+            half.events.put_nowait(None)
+            self.engine.release(rid)
+            self.wake()
+
+    # -- FluidRole ----------------------------------------------------------------------------
+    def role_status(self) -> RoleStatus:
+        sm = self.worker.role_sm
+        return RoleStatus(
+            worker=self.cfg.worker_id,
+            role=sm.role,
+            state=sm.state,
+            target=sm.target,
+            since=sm.since,
+            switches=self.switches,
+        )
+
+    def request_role(self, body: RoleRequest) -> RoleStatus:
+        w = self.worker
+        sm = w.role_sm
+        if sm.state is RoleState.ACTIVE and sm.role is body.role:
+            return self.role_status()  # already there: idempotent
+        if sm.state is not RoleState.ACTIVE:
+            if sm.target is body.role:
+                return self.role_status()  # the same switch is under way
+            raise Conflict(f"a switch to {sm.target.value if sm.target else '?'} is under way")
+        source = w.role
+        w.begin_switch(body.role, time.time(), body.drain)
+        self._migrate_to = [u for u in body.migrate_to if u.rstrip("/") != self.cfg.url.rstrip("/")]
+        self._drain_started = time.time()
+        self._dispatch()
+        if source is Role.DECODE:
+            self._spawn(self._release_reserved())
+        log.info("switch %s -> %s started (drain %s)", source.value, body.role.value, body.drain)
+        self.wake()
+        return self.role_status()
+
+    async def _release_reserved(self) -> None:
+        """D->P: requests holding a reservation here whose prefill has not started are re-paired,
+        so the drain waits only for work in flight."""
+        for rid in list(self.worker.decode.reserved):
+            half = self.decode_halves.get(rid)
+            if half is None:
+                continue
+            try:
+                answer = await self.peers.post(
+                    half.prefill_url, "/v1/internal/release", Abort(rid=rid, reason="re-pair")
+                )
+            except PeerError:
+                continue
+            if answer.get("released"):
+                self.worker.decode.cancel(rid)
+                self._end_decode(rid, DecodeEvent(event="reroute", detail="worker draining"))
+        self.wake()
+
+    async def _advance_switch(self) -> None:
+        w = self.worker
+        if w.state is RoleState.DRAIN and w.decode.migrate_on_drain and w.role is Role.DECODE:
+            await self._migrate_out()
+        if not w.try_enter_switch(time.time()):
+            return
+        target = w.role_sm.target
+        assert target is not None
+        source = w.role
+        await self.engine.switch_role(target)
+        finished = time.time()
+        w.complete_switch(finished)
+        self.switches += 1
+        self._last_switch = (source, target, self._drain_started, finished)
+        drain_s = finished - self._drain_started
+        self.metrics.switched(source, target, drain_s)
+        log.info("switch %s -> %s done in %.3f s", source.value, target.value, drain_s)
+
+    # -- signals ------------------------------------------------------------------------------
+    def pressure(self, n_prefill: int | None = None) -> PressureReport:
+        if n_prefill:
+            self.n_prefill = n_prefill
+        now = time.time()
+        p = self.worker.pressure(now, self.n_prefill)
+        last = self._last_switch
+        return PressureReport(
+            worker=p.worker,
+            role=p.role,
+            state=p.state,
+            target=p.target,
+            queue_ppi=p.queue_ppi,
+            attributable_ppi=p.attributable_ppi,
+            queue_len=p.queue_len,
+            dpi_load=p.dpi_load,
+            dpi_adm=p.dpi_adm,
+            batch=p.batch,
+            kv_used=p.kv_used,
+            kv_reserved=p.kv_reserved,
+            kv_capacity=p.kv_capacity,
+            steal_budget=p.steal_budget,
+            drain_cost=p.drain_cost,
+            stolen_tokens=self.worker.prefill.stolen_tokens,
+            switches=self.switches,
+            last_switch_from=last[0] if last else None,
+            last_switch_to=last[1] if last else None,
+            last_switch_started=last[2] if last else 0.0,
+            last_switch_finished=last[3] if last else 0.0,
+            t=now,
+        )

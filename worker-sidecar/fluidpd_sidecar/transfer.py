@@ -1,0 +1,58 @@
+"""KV hand-off transports: how a prefix's KV reaches the decode sidecar.
+
+``SimTransfer`` takes the profile's modelled time (bytes / bandwidth + base latency) and moves
+no bytes: the ``sim`` engine has none. ``MooncakeTransfer`` (``transfer_mooncake.py``) moves
+real bytes between registered host buffers with mooncake-transfer-engine over TCP, as real
+engines need (SGLang uses the same engine).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Protocol
+
+from fluidpd.core.predictors import TransferModel
+
+
+@dataclass(frozen=True, slots=True)
+class KVDest:
+    """Where the receiving side wants the bytes (its engine's session and buffer address)."""
+
+    session: str
+    addr: int
+    nbytes: int
+
+
+class KVTransfer(Protocol):
+    name: str
+
+    def reserve(self, nbytes: int) -> KVDest | None:
+        """Receiver side: set aside room for an incoming KV (None: this transport moves none)."""
+        ...
+
+    def free(self, dest: KVDest) -> None:
+        """Receiver side: release a reservation."""
+        ...
+
+    async def send(self, src_addr: int | None, dest: KVDest | None, nbytes: int) -> float:
+        """Sender side: move ``nbytes`` from ``src_addr`` to ``dest``; returns seconds taken."""
+        ...
+
+
+class SimTransfer:
+    name = "sim"
+
+    def __init__(self, model: TransferModel) -> None:
+        self.model = model
+
+    def reserve(self, nbytes: int) -> KVDest | None:
+        return None
+
+    def free(self, dest: KVDest) -> None:
+        return None
+
+    async def send(self, src_addr: int | None, dest: KVDest | None, nbytes: int) -> float:
+        seconds = self.model.time(nbytes)
+        await asyncio.sleep(seconds)
+        return seconds
