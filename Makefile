@@ -5,13 +5,16 @@ PYTHON ?= python3
 PIP := $(PYTHON) -m pip
 OUT ?= out/sim
 
-.PHONY: install install-dev run test lint typecheck unit bench results clean
+.PHONY: install install-dev system-deps run test lint typecheck unit bench results clean
 
 install:
 	$(PIP) install --quiet -e .
 
-install-dev:
+install-dev: system-deps
 	$(PIP) install --quiet -e '.[dev]'
+
+system-deps:
+	sh scripts/install-system-deps.sh
 
 # The main job on the embedded default: the simulator comparing every policy on Azure
 # (mixed) at 20 RPS, 8 workers starting 4P4D, Llama-3.1-8B on A100-80GB.

@@ -45,6 +45,7 @@ def add_parser(sub: Any) -> None:
     add_float(p, "--noise", 0.0, "sim engine: log-normal noise sigma", allow_zero=True)
     add_float(p, "--drift", 1.0, "sim engine: true time / profile prediction")
     p.add_argument("--seed", type=int, default=0)
+    add_float(p, "--bootstrap-timeout", 300.0, "give up a prefill half never reserved after, s")
     p.add_argument(
         "--admin-token",
         default=os.environ.get("FLUIDPD_ADMIN_TOKEN"),
@@ -74,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
         token_cfg=token_cfg,
         adaptive=args.adaptive,
         admin_token=args.admin_token or None,
+        bootstrap_timeout_s=args.bootstrap_timeout,
     )
     engine = SimEngine(profile, noise=args.noise, drift=args.drift, seed=args.seed)
     transfer: KVTransfer

@@ -119,7 +119,7 @@ def create_app(service: SidecarService) -> FastAPI:
         responses={200: {"content": {NDJSON: {}}, "description": "NDJSON DecodeEvent stream"}},
     )
     async def decode(body: DecodeHalf) -> StreamingResponse:
-        half = service.accept_decode(body)
+        half = service.subscribe(service.accept_decode(body))
         return StreamingResponse(service.events(half), media_type=NDJSON)
 
     @app.get(
@@ -129,7 +129,7 @@ def create_app(service: SidecarService) -> FastAPI:
         responses={200: {"content": {NDJSON: {}}, "description": "NDJSON DecodeEvent stream"}},
     )
     async def decode_events(rid: int) -> StreamingResponse:
-        half = service.decode_half(rid)
+        half = service.subscribe(service.decode_half(rid))
         return StreamingResponse(service.events(half), media_type=NDJSON)
 
     @app.post("/v1/internal/abort", dependencies=[Admin])

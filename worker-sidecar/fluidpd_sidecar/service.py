@@ -73,6 +73,9 @@ class SidecarConfig:
     stream_interval_s: float = 0.05
     #: While a prefill queue is under pressure, paired decode budgets are refreshed this often.
     budget_refresh_s: float = 0.1
+    #: A prefill half whose decode peer never reserves KV is given up after this long
+    #: (SGLang's SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT plays the same role).
+    bootstrap_timeout_s: float = 300.0
 
 
 @dataclass(slots=True)
@@ -82,6 +85,8 @@ class _PrefillHalf:
     outcome: asyncio.Future[PrefillOutcome]
     dest: KVDest | None = None
     aborted: bool = False
+    #: Local receipt time (the request's arrival is the router's, and could be anything).
+    received: float = field(default_factory=time.time)
 
 
 @dataclass(slots=True)
@@ -92,6 +97,10 @@ class _DecodeHalf:
     sent: int = 0
     closed: bool = False
     dest: KVDest | None = None
+    received: float = field(default_factory=time.time)
+    #: Someone is reading the event stream (the decode call itself, or the router after a
+    #: migration); a second reader would steal its events.
+    subscribed: bool = False
 
 
 class SidecarService:
@@ -295,6 +304,7 @@ class SidecarService:
     async def _flush_streams(self) -> None:
         """Streams generated tokens in coalesced chunks (timing-exact first and last tokens are
         sent as they happen)."""
+        last_sweep = 0.0
         while not self._stopping:
             await asyncio.sleep(self.cfg.stream_interval_s)
             d = self.worker.decode
@@ -303,6 +313,44 @@ class SidecarService:
                 slot = d.active.get(rid)
                 if slot is not None:
                     self._tokens_up_to(half, slot.generated(d.iteration), now)
+            if now - last_sweep >= 1.0:
+                last_sweep = now
+                self._expire_bootstrap(now)
+
+    def _expire_bootstrap(self, now: float) -> None:
+        """Gives up halves whose peer never came through: a prefill half never reserved, a
+        decode half never handed its KV (or, migrating in, never activated)."""
+        limit = now - self.cfg.bootstrap_timeout_s
+        d = self.worker.decode
+        waiting = [*d.prealloc, *d.reserved.values(), *(r for r, _ in d.migrating_in.values())]
+        for req in waiting:
+            half = self.decode_halves.get(req.rid)
+            if half is None or half.received >= limit:
+                continue
+            d.cancel(req.rid)
+            self._end_decode(
+                req.rid,
+                DecodeEvent(
+                    event="error",
+                    detail=f"no KV hand-off from the prefill peer within "
+                    f"{self.cfg.bootstrap_timeout_s:g} s",
+                ),
+            )
+        stale = [
+            rid
+            for rid in self.worker.prefill.bootstrap
+            if rid in self.prefill_halves and self.prefill_halves[rid].received < limit
+        ]
+        for rid in stale:
+            self.worker.prefill.cancel(rid)
+            self._resolve_prefill(
+                rid,
+                PrefillOutcome(
+                    status="cancelled",
+                    detail=f"no KV reservation from the decode peer within "
+                    f"{self.cfg.bootstrap_timeout_s:g} s",
+                ),
+            )
 
     async def _refresh_budgets(self) -> None:
         """While this prefill queue is under stealing pressure, keep its peers' budgets fresh."""
@@ -384,6 +432,12 @@ class SidecarService:
         self._dispatch()
         self.wake()
         return state
+
+    def subscribe(self, half: _DecodeHalf) -> _DecodeHalf:
+        if half.subscribed:
+            raise Conflict(f"request {half.req.rid} is already being streamed")
+        half.subscribed = True
+        return half
 
     async def events(self, half: _DecodeHalf) -> AsyncIterator[bytes]:
         """The decode half's NDJSON event stream; closing it early aborts the request."""
