@@ -11,6 +11,8 @@ from fluidpd.cli import (
     bench_cmd,
     controller_cmd,
     drill_cmd,
+    evaluate_cmd,
+    replay_cmd,
     router_cmd,
     sidecar_cmd,
     sim_cmd,
@@ -40,11 +42,14 @@ def build_parser() -> argparse.ArgumentParser:
     sim_cmd.add_parser(sub)
     bench_cmd.add_parser(sub)
     summary_cmd.add_parser(sub)
+    summary_cmd.add_compare_parser(sub)
     sidecar_cmd.add_parser(sub)
     router_cmd.add_parser(sub)
     controller_cmd.add_parser(sub)
     up_cmd.add_parser(sub)
     drill_cmd.add_parser(sub)
+    replay_cmd.add_parser(sub)
+    evaluate_cmd.add_parser(sub)
     profiles = sub.add_parser("profiles", help="list the shipped model x GPU profiles")
     profiles.set_defaults(func=lambda _args: print("\n".join(available_profiles())) or 0)
     return parser

@@ -35,6 +35,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--url", default=None, help="URL peers reach this sidecar at")
     p.add_argument("--engine", choices=ENGINES, default="sim")
     p.add_argument("--kv-transfer", choices=TRANSFERS, default="sim")
+    p.add_argument(
+        "--kv-arena-mib",
+        type=positive_int("--kv-arena-mib"),
+        default=1024,
+        help="mooncake: registered host memory for KV hand-offs, MiB",
+    )
     p.add_argument("--model", default="llama-3.1-8b")
     p.add_argument("--gpu", default="a100-80gb")
     p.add_argument("--profile", default=None, help="profile YAML (replaces --model/--gpu)")
@@ -77,14 +83,16 @@ def run(args: argparse.Namespace) -> int:
         admin_token=args.admin_token or None,
         bootstrap_timeout_s=args.bootstrap_timeout,
     )
-    engine = SimEngine(profile, noise=args.noise, drift=args.drift, seed=args.seed)
     transfer: KVTransfer
     if args.kv_transfer == "mooncake":
         from fluidpd_sidecar.transfer_mooncake import MooncakeTransfer
 
-        transfer = MooncakeTransfer(hostname=args.host)
+        mooncake = MooncakeTransfer(hostname=args.host, arena_bytes=args.kv_arena_mib << 20)
+        transfer = mooncake
+        engine = SimEngine(profile, args.noise, args.drift, args.seed, staging=mooncake)
     else:
         transfer = SimTransfer(profile.transfer_model())
+        engine = SimEngine(profile, args.noise, args.drift, args.seed)
     logging.basicConfig(
         level=args.log_level.upper(), format=f"%(asctime)s {args.id} %(levelname)s %(message)s"
     )

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from fluidpd.cli.errors import UserError
-from fluidpd.sim.report import report_text
+from fluidpd.sim.report import report_text, series_key
 
 
 def add_parser(sub: Any) -> None:
@@ -43,4 +43,49 @@ def run(args: argparse.Namespace) -> int:
         out_dir = Path(d)
         runs = _runs(out_dir / "results.json")
         print(f"== {out_dir}\n{report_text(out_dir, runs)}\n")
+    return 0
+
+
+def add_compare_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "compare",
+        help="compare two result sets run by run (e.g. live replay against the simulator)",
+    )
+    p.add_argument("a", metavar="DIR_A", help="first results directory (e.g. a live replay)")
+    p.add_argument("b", metavar="DIR_B", help="second results directory (e.g. the simulator)")
+    p.add_argument("--out", default=None, help="also write the comparison as JSON here")
+    p.set_defaults(func=run_compare)
+
+
+_COMPARED = ("slo_attainment", "ttft_attainment", "tpot_attainment", "mean_ttft_ms", "p99_ttft_ms",
+             "mean_tpot_ms", "failed")  # fmt: skip
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    a = {series_key(r): r for r in _runs(Path(args.a) / "results.json")}
+    b = {series_key(r): r for r in _runs(Path(args.b) / "results.json")}
+    common = sorted(set(a) & set(b))
+    if not common:
+        raise UserError("no run (workload, rps, policy) appears in both result sets")
+    rows = []
+    head = f"{'workload':<14} {'rps':>5} {'policy':<10} {'attainment A':>13} {'B':>7}"
+    print(f"{head} {'A-B pp':>7}  TTFT A/B ms")
+    for key in common:
+        ra, rb = a[key], b[key]
+        row: dict[str, Any] = {"workload": key[0], "rps": key[1], "policy": key[2]}
+        for field in _COMPARED:
+            row[field] = {"a": ra.get(field), "b": rb.get(field)}
+        diff = 100 * (ra["slo_attainment"] - rb["slo_attainment"])
+        row["slo_attainment_diff_pp"] = round(diff, 2)
+        rows.append(row)
+        print(
+            f"{key[0][:14]:<14} {key[1]:>5g} {key[2]:<10} {100 * ra['slo_attainment']:>13.1f}"
+            f" {100 * rb['slo_attainment']:>7.1f} {diff:>+7.1f}  "
+            f"{ra.get('mean_ttft_ms')}/{rb.get('mean_ttft_ms')}"
+        )
+    if args.out:
+        doc = {"a": args.a, "b": args.b, "runs": rows,
+               "max_abs_diff_pp": max(abs(r["slo_attainment_diff_pp"]) for r in rows)}  # fmt: skip
+        Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
+        print(f"wrote {args.out}")
     return 0

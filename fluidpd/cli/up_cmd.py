@@ -65,6 +65,13 @@ def add_parser(sub: Any) -> None:
     add_float(p, "--drift", 1.0, "sim engine: true time / profile prediction")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--adaptive", action="store_true")
+    p.add_argument(
+        "--kv-transfer",
+        choices=("sim", "mooncake"),
+        default="sim",
+        help="KV hand-off: modelled time, or real bytes over mooncake's TCP transport",
+    )
+    p.add_argument("--kv-arena-mib", type=positive_int("--kv-arena-mib"), default=1024)
     p.add_argument("--pairing", choices=("round-robin", "least-loaded"), default="round-robin")
     add_float(p, "--first-token-timeout", 60.0, "router: cancel without a first token after, s")
     p.add_argument(
@@ -178,6 +185,7 @@ def run(args: argparse.Namespace) -> int:
                 argv.append("--no-fluidtoken")
             if args.adaptive:
                 argv.append("--adaptive")
+            argv += ["--kv-transfer", args.kv_transfer, "--kv-arena-mib", str(args.kv_arena_mib)]
             stack.start(wid, argv, env)
             workers.append(f"{wid}=http://{args.host}:{port}")
         router = [

@@ -102,6 +102,11 @@ async def router_overhead(
             i += 1
             await asyncio.sleep(rng.expovariate(rps))
         await asyncio.wait(tasks)
+    if len(router) < 10 or len(direct) < 10:
+        raise RuntimeError(
+            f"too few requests succeeded to compare ({len(router)} via the router, "
+            f"{len(direct)} direct, {errors} errors): is the stack healthy?"
+        )
     r, d = _stats(router), _stats(direct)
     return {
         "rps": rps,

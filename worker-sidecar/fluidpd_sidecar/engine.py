@@ -33,6 +33,22 @@ class KVRegion:
     nbytes: int
 
 
+class KVStaging(Protocol):
+    """A transport's registered host memory that an engine stages outgoing KV in."""
+
+    def source_buffer(self, nbytes: int) -> KVRegion | None: ...
+
+    def release_source(self, region: KVRegion) -> None: ...
+
+    def view(self, addr: int, nbytes: int) -> memoryview: ...
+
+
+def kv_stamp(rid: int) -> bytes:
+    """The first bytes a ``sim`` engine writes into a request's staged KV, so the receiving
+    side can check that real bytes of the right request arrived."""
+    return rid.to_bytes(8, "little")
+
+
 class Engine(Protocol):
     name: str
 
@@ -72,9 +88,18 @@ class SimEngine:
     name = "sim"
 
     def __init__(
-        self, profile: Profile, noise: float = 0.0, drift: float = 1.0, seed: int = 0
+        self,
+        profile: Profile,
+        noise: float = 0.0,
+        drift: float = 1.0,
+        seed: int = 0,
+        staging: KVStaging | None = None,
     ) -> None:
         self.profile = profile
+        #: With a byte-moving transport, prefix KV is staged (stamped dummy bytes) in its
+        #: registered memory so that the hand-off moves as many real bytes as a GPU would.
+        self._staging = staging
+        self._staged: dict[int, KVRegion] = {}
         self._prefill = profile.prefill_predictor()
         self._suffix = profile.suffix_predictor()
         self._decode = profile.decode_predictor()
@@ -109,10 +134,21 @@ class SimEngine:
         return [zlib.crc32(f"{rid}:{k}".encode()) % VOCAB for k in range(start, stop)]
 
     def export_kv(self, rid: int, tokens: int) -> KVRegion | None:
-        return None
+        if self._staging is None or tokens == 0:
+            return None
+        nbytes = tokens * self.profile.kv.bytes_per_token
+        region = self._staging.source_buffer(nbytes)
+        if region is None:
+            raise MemoryError(f"no room to stage {nbytes} B of KV for request {rid}")
+        stamp = kv_stamp(rid)
+        self._staging.view(region.addr, len(stamp))[:] = stamp
+        self._staged[rid] = region
+        return region
 
     def release(self, rid: int) -> None:
-        return None
+        region = self._staged.pop(rid, None)
+        if region is not None and self._staging is not None:
+            self._staging.release_source(region)
 
     async def switch_role(self, role: Role) -> float:
         ms = (

@@ -121,6 +121,18 @@ class SidecarMetrics:
             buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 30, 60),
             registry=self.registry,
         )
+        self.kv_sent = Counter(
+            "fluidpd_kv_sent_bytes",
+            "KV bytes handed off to decode peers",
+            labels,
+            registry=self.registry,
+        )
+        self.kv_corrupted = Counter(
+            "fluidpd_kv_corrupted",
+            "KV hand-offs whose bytes failed verification",
+            labels,
+            registry=self.registry,
+        )
         self.registry.register(_Gauges(service))
 
     def first_token(self, ttft: float) -> None:
@@ -132,6 +144,9 @@ class SidecarMetrics:
             self.tpot.labels(self._worker).observe(
                 (t - req.first_token_t) / (req.max_new_tokens - 1)
             )
+
+    def kv_corrupt(self) -> None:
+        self.kv_corrupted.labels(self._worker).inc()
 
     def queue_time(self, seconds: float) -> None:
         self.queue.labels(self._worker).observe(max(0.0, seconds))

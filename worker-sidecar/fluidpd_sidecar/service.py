@@ -39,7 +39,7 @@ from fluidpd.core.scheduler import messages as msg
 from fluidpd.core.scheduler.prefill import PrefillBatch
 from fluidpd.core.scheduler.worker import Worker
 from fluidpd.core.types import SLO, Request, Role, RoleState
-from fluidpd_sidecar.engine import Engine
+from fluidpd_sidecar.engine import Engine, kv_stamp
 from fluidpd_sidecar.metrics import SidecarMetrics
 from fluidpd_sidecar.peers import PeerError, Peers
 from fluidpd_sidecar.transfer import KVDest, KVTransfer
@@ -241,6 +241,7 @@ class SidecarService:
             if half is not None and not half.aborted:
                 region = self.engine.export_kv(m.rid, m.prefix_tokens)
                 await self.transfer.send(region.addr if region else None, half.dest, m.nbytes)
+                self.metrics.kv_sent.labels(self.cfg.worker_id).inc(m.nbytes)
                 body = Handoff(rid=m.rid, prefix_tokens=m.prefix_tokens, nbytes=m.nbytes)
                 await self.peers.post(half.decode_url, "/v1/internal/handoff", body)
                 outcome = PrefillOutcome(status="done", stolen=half.req.stolen)
@@ -467,11 +468,24 @@ class SidecarService:
         return self.worker.decode.steal_budget(self.n_prefill)
 
     def handoff_done(self, body: Handoff) -> None:
-        if body.rid not in self.decode_halves:
+        half = self.decode_halves.get(body.rid)
+        if half is None:
             raise NotFound(f"no decode half for request {body.rid} here")
+        if half.dest is not None and body.nbytes:
+            self._verify_kv(half)
         self.worker.decode.handoff_done(body.rid, body.prefix_tokens, time.time())
         self._dispatch()
         self.wake()
+
+    def _verify_kv(self, half: _DecodeHalf) -> None:
+        """The transport moved real bytes: check the first ones are this request's."""
+        view = getattr(self.transfer, "view", None)
+        if view is None or half.dest is None:
+            return
+        stamp = kv_stamp(half.req.rid)
+        if bytes(view(half.dest.addr, len(stamp))) != stamp:
+            self.metrics.kv_corrupt()
+            log.error("KV of request %d arrived corrupted", half.req.rid)
 
     def abort(self, body: Abort) -> bool:
         """Cancels a request's half here, wherever it is; True if there was one."""
