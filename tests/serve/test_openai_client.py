@@ -8,6 +8,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from fluidpd.cli.drill_cmd import FAST_PROFILE
 
@@ -102,3 +103,41 @@ def test_real_kv_bytes_move_between_sidecars(
 
     assert counter(stack.workers["w0"], "fluidpd_kv_sent_bytes_total") == (1 + 300 + 4000) * 1024
     assert counter(stack.workers["w1"], "fluidpd_kv_corrupted_total") == 0
+
+
+SIDECAR_METRICS = {
+    "fluidpd_ttft_seconds", "fluidpd_tpot_seconds", "fluidpd_e2e_seconds",
+    "fluidpd_queue_time_seconds", "fluidpd_queue_length", "fluidpd_running_batch",
+    "fluidpd_kv_used_tokens", "fluidpd_kv_reserved_tokens", "fluidpd_kv_capacity_tokens",
+    "fluidpd_ppi", "fluidpd_dpi_load", "fluidpd_dpi_adm", "fluidpd_stolen_tokens",
+    "fluidpd_worker_role", "fluidpd_role_switches", "fluidpd_drain_seconds",
+    "sglang:num_queue_reqs", "sglang:num_running_reqs", "sglang:token_usage",
+}  # fmt: skip
+
+
+def test_prometheus_metrics(stack_factory: Callable[..., Any]) -> None:
+    stack = stack_factory("1P1D", "static")
+    openai.OpenAI(base_url=f"{stack.endpoint}/v1", api_key="x").completions.create(
+        model="llama-3.1-8b", prompt="measure me", max_tokens=4
+    )
+    families = {}
+    for url in stack.workers.values():
+        for fam in text_string_to_metric_families(httpx.get(f"{url}/metrics").text):
+            families.setdefault(fam.name, []).extend(fam.samples)
+    assert set(families) >= SIDECAR_METRICS, SIDECAR_METRICS - set(families)
+    ttft = [s for s in families["fluidpd_ttft_seconds"] if s.name.endswith("_count")]
+    assert sum(s.value for s in ttft) == 1
+    roles = {
+        s.labels["role"]: s.value
+        for s in families["fluidpd_worker_role"]
+        if s.labels["worker"] == "w0"
+    }
+    assert roles == {"prefill": 1.0, "decode": 0.0}
+    router = {
+        f.name for f in text_string_to_metric_families(httpx.get(f"{stack.endpoint}/metrics").text)
+    }
+    assert {
+        "fluidpd_router_requests",
+        "fluidpd_router_ttft_seconds",
+        "fluidpd_router_inflight",
+    } <= router
