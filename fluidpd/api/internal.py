@@ -12,6 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from fluidpd.core.scheduler.worker import Pressure
 from fluidpd.core.types import DrainMode, Role, RoleState
 
 MAX_RID = (1 << 63) - 1
@@ -123,24 +124,9 @@ class RoleStatus(_Model):
     switches: int = 0
 
 
-class PressureReport(_Model):
-    """``GET /pressure``: everything the controller and the router read from a worker."""
+class PressureReport(Pressure):
+    """``GET /pressure``: the scheduler's pressure plus what the sidecar adds."""
 
-    worker: str
-    role: Role
-    state: RoleState
-    target: Role | None = None
-    queue_ppi: float
-    attributable_ppi: float
-    queue_len: int
-    dpi_load: float
-    dpi_adm: float
-    batch: int
-    kv_used: int
-    kv_reserved: int
-    kv_capacity: int
-    steal_budget: float
-    drain_cost: float
     stolen_tokens: int = 0
     switches: int = 0
     #: The last completed switch: direction and drain start / finish (UNIX seconds).

@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import signal
 from typing import Any
 
 from fluidpd.cli.errors import UserError
+from fluidpd.cli.options import add_service_options
 from fluidpd.cli.policy_options import add_fluidrole_options, fluidrole_config
 from fluidpd.cli.router_cmd import parse_workers
 from fluidpd.core.fluidrole import FluidRoleConfig
@@ -26,8 +26,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--router", default=None, help="router URL; its worker set is used")
     p.add_argument("--worker", action="append", default=[], metavar="ID=URL")
     add_fluidrole_options(p)
-    p.add_argument("--admin-token", default=os.environ.get("FLUIDPD_ADMIN_TOKEN"))
-    p.add_argument("--log-level", default="info")
+    add_service_options(p, "info")
     p.set_defaults(func=run)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from collections.abc import Callable
 
 from fluidpd.cli.errors import UserError
@@ -66,3 +67,13 @@ def add_float(
 ) -> None:
     parse = non_negative_float(flag) if allow_zero else positive_float(flag)
     group.add_argument(flag, type=parse, default=default, help=f"{help_text} (default {default})")
+
+
+def add_service_options(parser: argparse.ArgumentParser, log_level: str = "warning") -> None:
+    """What every long-running FluidPD process takes: the shared bearer token and a log level."""
+    parser.add_argument(
+        "--admin-token",
+        default=os.environ.get("FLUIDPD_ADMIN_TOKEN"),
+        help="bearer token on internal and admin endpoints (env FLUIDPD_ADMIN_TOKEN)",
+    )
+    parser.add_argument("--log-level", default=log_level, help=f"(default {log_level})")

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 from typing import Any
 
 from fluidpd.cli.errors import UserError
-from fluidpd.cli.options import add_float, positive_int
+from fluidpd.cli.options import add_float, add_service_options, positive_int
 from fluidpd.core.pairing import PAIRINGS
 from fluidpd.profiles import resolve_profile
 
@@ -42,12 +41,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--pairing", choices=PAIRINGS, default="round-robin")
     add_float(p, "--first-token-timeout", 60.0, "cancel a request without a first token after, s")
     add_float(p, "--poll", 0.5, "worker poll period, s")
-    p.add_argument(
-        "--admin-token",
-        default=os.environ.get("FLUIDPD_ADMIN_TOKEN"),
-        help="bearer token for sidecar calls and /admin (env FLUIDPD_ADMIN_TOKEN)",
-    )
-    p.add_argument("--log-level", default="warning")
+    add_service_options(p, "warning")
     p.set_defaults(func=run)
 
 

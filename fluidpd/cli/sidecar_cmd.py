@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 from typing import Any
 
-from fluidpd.cli.options import add_float, positive_int
+from fluidpd.cli.options import add_float, add_service_options, positive_int
 from fluidpd.cli.policy_options import (
     add_fluidtoken_options,
     add_slo_options,
@@ -52,12 +51,7 @@ def add_parser(sub: Any) -> None:
     add_float(p, "--drift", 1.0, "sim engine: true time / profile prediction")
     p.add_argument("--seed", type=int, default=0)
     add_float(p, "--bootstrap-timeout", 300.0, "give up a prefill half never reserved after, s")
-    p.add_argument(
-        "--admin-token",
-        default=os.environ.get("FLUIDPD_ADMIN_TOKEN"),
-        help="bearer token required on admin/internal endpoints (env FLUIDPD_ADMIN_TOKEN)",
-    )
-    p.add_argument("--log-level", default="warning")
+    add_service_options(p, "warning")
     p.set_defaults(func=run)
 
 

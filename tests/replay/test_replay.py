@@ -236,7 +236,9 @@ def test_ttft_tpot_lengths_and_request_body(fake: FakeServer, tmp_path: Path) ->
     rec = run_replay(fake, tmp_path / "out", trace, rate(ROWS), "--no-plots", "--seed", "3")
     assert rec["completed"] == 5 and rec["failed"] == 0 and rec["errors"] == {}
     # Server: 0.2 s to the first token, 0.01 s per token after it (loose bounds: shared CI).
-    assert 180 <= rec["mean_ttft_ms"] <= 400, rec["mean_ttft_ms"]
+    assert 180 <= rec["mean_ttft_ms"] <= 700, rec["mean_ttft_ms"]
+    # TTFT stops at the first token: it is well short of the whole request.
+    assert rec["mean_ttft_ms"] < rec["mean_e2e_latency_ms"] - 50
     assert 8 <= rec["median_tpot_ms"] <= 30, rec["median_tpot_ms"]
     assert rec["total_output_tokens"] == sum(o for _, _, o in ROWS)
     assert rec["total_input_tokens"] == sum(p for _, p, _ in ROWS)
@@ -264,8 +266,11 @@ def test_open_loop_sends_on_schedule(fake: FakeServer, tmp_path: Path) -> None:
     rec = run_replay(fake, tmp_path / "out", trace, rate(rows), "--no-plots")
     assert rec["completed"] == 10
     t = sorted(s.t for s in fake.seen)
+    # Serialized, request i could not start before 0.5 i s; open loop it starts near 0.05 i s.
+    # The margin is wide because this machine is shared: only the order of magnitude matters.
     for i, ti in enumerate(t):
-        assert abs((ti - t[0]) - 0.05 * i) < 0.1, (i, ti - t[0])  # serialized: >= 0.5 s off
+        assert ti - t[0] < 0.05 * i + 0.4, (i, ti - t[0])
+    assert t[-1] - t[0] < 2.0
     assert rec["wall_s"] < 2.0
     assert rec["send_lag_ms"]["max"] < 100
 

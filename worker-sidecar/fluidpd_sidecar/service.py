@@ -676,21 +676,7 @@ class SidecarService:
         p = self.worker.pressure(now, self.n_prefill)
         last = self._last_switch
         return PressureReport(
-            worker=p.worker,
-            role=p.role,
-            state=p.state,
-            target=p.target,
-            queue_ppi=p.queue_ppi,
-            attributable_ppi=p.attributable_ppi,
-            queue_len=p.queue_len,
-            dpi_load=p.dpi_load,
-            dpi_adm=p.dpi_adm,
-            batch=p.batch,
-            kv_used=p.kv_used,
-            kv_reserved=p.kv_reserved,
-            kv_capacity=p.kv_capacity,
-            steal_budget=p.steal_budget,
-            drain_cost=p.drain_cost,
+            **p.model_dump(),
             stolen_tokens=self.worker.prefill.stolen_tokens,
             switches=self.switches,
             last_switch_from=last[0] if last else None,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pydantic import BaseModel, ConfigDict
+
 from fluidpd.core.fluidrole import WorkerSignals
 from fluidpd.core.fluidtoken import FluidTokenConfig
 from fluidpd.core.predictors import OnlineCalibrator
@@ -17,14 +19,15 @@ from fluidpd.core.types import SLO, DrainMode, Role, RoleState
 Batch = PrefillBatch | DecodeBatch
 
 
-@dataclass(slots=True)
-class Pressure:
-    """A worker's pressure report (what a sidecar serves at ``GET /pressure``)."""
+class Pressure(BaseModel):
+    """A worker's pressure report (what a sidecar serves at ``GET /pressure``, extended)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     worker: str
     role: Role
     state: RoleState
-    target: Role | None
+    target: Role | None = None
     queue_ppi: float
     #: PPI with decode-admission waiting excluded; what FluidRole reads.
     attributable_ppi: float
