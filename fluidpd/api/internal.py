@@ -115,6 +115,13 @@ class RoleRequest(_Model):
     migrate_to: list[str] = Field(default_factory=list)
 
 
+class RetireRequest(_Model):
+    """Scale-in: drain this worker so that it can be deleted without dropping requests."""
+
+    drain: DrainMode = DrainMode.WAIT
+    migrate_to: list[str] = Field(default_factory=list)
+
+
 class RoleStatus(_Model):
     worker: str
     role: Role
@@ -122,6 +129,7 @@ class RoleStatus(_Model):
     target: Role | None = None
     since: float
     switches: int = 0
+    retiring: bool = False
 
 
 class PressureReport(Pressure):

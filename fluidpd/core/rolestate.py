@@ -18,6 +18,8 @@ class RoleStateMachine:
     target: Role | None = None
     #: Time the current state was entered (the caller's clock).
     since: float = 0.0
+    #: Draining to be removed rather than to switch (scale-in).
+    retiring: bool = False
 
     def begin_drain(self, target: Role, now: float) -> None:
         """Active(role) -> Drain, heading for ``target``."""
@@ -27,10 +29,22 @@ class RoleStateMachine:
             raise IllegalTransition(f"worker is already {self.role.value}")
         self.state, self.target, self.since = RoleState.DRAIN, target, now
 
+    def begin_retire(self, now: float) -> None:
+        """Active -> Drain with no target: the worker empties itself to be removed (scale-in).
+
+        There is no way back to Active from here; the worker is deleted once drained.
+        """
+        if self.state is not RoleState.ACTIVE:
+            raise IllegalTransition(f"cannot retire while {self.state.value}")
+        self.state, self.target, self.since = RoleState.DRAIN, None, now
+        self.retiring = True
+
     def begin_switch(self, now: float) -> None:
         """Drain -> Switch (the worker has reached a safe boundary)."""
         if self.state is not RoleState.DRAIN:
             raise IllegalTransition(f"cannot switch from {self.state.value}; drain first")
+        if self.retiring:
+            raise IllegalTransition("a retiring worker does not switch; it is removed")
         self.state, self.since = RoleState.SWITCH, now
 
     def complete(self, now: float) -> Role:

@@ -67,3 +67,22 @@ def test_illegal_transitions_raise_and_leave_state(state: RoleState, name: str, 
 
 def test_illegal_transition_is_a_value_error() -> None:
     assert issubclass(IllegalTransition, ValueError)
+
+
+@pytest.mark.parametrize("start", [Role.PREFILL, Role.DECODE])
+def test_retire_drains_and_never_switches(start: Role) -> None:
+    sm = RoleStateMachine(start, since=1.0)
+    sm.begin_retire(2.0)
+    assert sm.retiring and not sm.accepting
+    assert _snapshot(sm) == (start, RoleState.DRAIN, None, 2.0)
+    with pytest.raises(IllegalTransition):
+        sm.begin_switch(3.0)
+    with pytest.raises(IllegalTransition):
+        sm.begin_retire(3.0)
+
+
+def test_cannot_retire_mid_switch() -> None:
+    sm = RoleStateMachine(Role.DECODE, since=1.0)
+    sm.begin_drain(Role.PREFILL, 2.0)
+    with pytest.raises(IllegalTransition):
+        sm.begin_retire(3.0)

@@ -23,6 +23,7 @@ from fluidpd.api.internal import (
     PressureReport,
     Released,
     Reserved,
+    RetireRequest,
     RoleRequest,
     RoleStatus,
     SuffixCommit,
@@ -100,6 +101,10 @@ def create_app(service: SidecarService) -> FastAPI:
     @app.post("/role", dependencies=[Admin], responses={409: {"description": "switch under way"}})
     async def post_role(body: RoleRequest) -> RoleStatus:
         return service.request_role(body)
+
+    @app.post("/retire", dependencies=[Admin], responses={409: {"description": "switch under way"}})
+    async def post_retire(body: RetireRequest) -> RoleStatus:
+        return service.retire(body)
 
     # -- request halves (called by the router) --------------------------------------------------
     @app.post("/v1/internal/prefill", dependencies=[Admin])

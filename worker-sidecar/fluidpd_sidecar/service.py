@@ -29,6 +29,7 @@ from fluidpd.api.internal import (
     PressureReport,
     Released,
     Reserved,
+    RetireRequest,
     RoleRequest,
     RoleStatus,
     SuffixCommit,
@@ -610,6 +611,7 @@ class SidecarService:
             target=sm.target,
             since=sm.since,
             switches=self.switches,
+            retiring=sm.retiring,
         )
 
     def request_role(self, body: RoleRequest) -> RoleStatus:
@@ -629,6 +631,24 @@ class SidecarService:
         if source is Role.DECODE:
             self._spawn(self._release_reserved())
         log.info("switch %s -> %s started (drain %s)", source.value, body.role.value, body.drain)
+        self.wake()
+        return self.role_status()
+
+    def retire(self, body: RetireRequest) -> RoleStatus:
+        """Scale-in: stop taking work and empty the worker; idempotent."""
+        w = self.worker
+        if w.retiring:
+            return self.role_status()
+        if w.state is not RoleState.ACTIVE:
+            raise Conflict(
+                f"a switch to {w.role_sm.target.value if w.role_sm.target else '?'} is under way"
+            )
+        w.begin_retire(time.time(), body.drain)
+        self._migrate_to = [u for u in body.migrate_to if u.rstrip("/") != self.cfg.url.rstrip("/")]
+        self._dispatch()
+        if w.role is Role.DECODE:
+            self._spawn(self._release_reserved())
+        log.info("retiring (drain %s)", body.drain.value)
         self.wake()
         return self.role_status()
 

@@ -40,6 +40,9 @@ class Pressure(BaseModel):
     kv_capacity: int
     steal_budget: float
     drain_cost: float
+    #: Nothing left in flight on this worker (what a retiring worker waits for).
+    drained: bool = False
+    retiring: bool = False
 
     def signals(self) -> WorkerSignals:
         return WorkerSignals(
@@ -168,14 +171,27 @@ class Worker:
         else:
             self.decode.begin_drain(drain is DrainMode.MIGRATE)
 
+    def begin_retire(self, now: float, drain: DrainMode = DrainMode.WAIT) -> None:
+        """Active -> Drain for removal (scale-in): hand back what has not started, finish (or,
+        for decode with ``migrate``, move away) what is in flight."""
+        self.role_sm.begin_retire(now)
+        if self.role is Role.PREFILL:
+            self.prefill.begin_drain()
+        else:
+            self.decode.begin_drain(drain is DrainMode.MIGRATE)
+
+    @property
+    def retiring(self) -> bool:
+        return self.role_sm.retiring
+
     @property
     def drained(self) -> bool:
         side = self.prefill if self.role is Role.PREFILL else self.decode
         return side.drained
 
     def try_enter_switch(self, now: float) -> bool:
-        """Drain -> Switch once the old role's work is done."""
-        if self.state is RoleState.DRAIN and self.drained:
+        """Drain -> Switch once the old role's work is done (never for a retiring worker)."""
+        if self.state is RoleState.DRAIN and not self.retiring and self.drained:
             self.role_sm.begin_switch(now)
             return True
         return False
@@ -214,4 +230,6 @@ class Worker:
             kv_capacity=d.kv_capacity,
             steal_budget=0.0 if is_prefill else d.steal_budget(n_prefill),
             drain_cost=self.prefill.drain_cost(now) if is_prefill else d.drain_cost(),
+            drained=self.drained,
+            retiring=self.retiring,
         )
