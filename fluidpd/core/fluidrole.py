@@ -271,6 +271,12 @@ class FluidRolePolicy:
         self._last_switch_end = now
         self._windows.pop(worker, None)
 
+    def switch_resumed(self, worker: str) -> None:
+        """A harness that restarted mid-switch (its state came back from the cluster) tells the
+        policy that ``worker`` is still switching, so that no second switch starts."""
+        self._switching = worker
+        self._streak = 0
+
     @property
     def switching(self) -> str | None:
         return self._switching

@@ -206,6 +206,18 @@ def test_one_switch_in_flight() -> None:
     assert isinstance(second, SwitchDecision)
 
 
+def test_resumed_switch_blocks_a_second_one() -> None:
+    """A restarted harness restores the in-flight switch; the policy waits for it to finish."""
+    cfg = FluidRoleConfig(n_persist=1, cooldown_s=0.0, reversal_cooldown_s=0.0)
+    pol = FluidRolePolicy(cfg)
+    pol.switch_resumed("d0")
+    assert pol.switching == "d0"
+    for t in range(5):
+        assert pol.observe(float(t), hot_prefill(4)) is Recommendation.NONE
+    pol.switch_finished("d0", 5.0)
+    assert isinstance(pol.observe(5.0, hot_prefill(4)), SwitchDecision)
+
+
 def test_cooldown_after_switch() -> None:
     cfg = FluidRoleConfig(n_persist=1, cooldown_s=5.0, reversal_cooldown_s=0.0)
     pol = FluidRolePolicy(cfg)
