@@ -6,13 +6,16 @@ import argparse
 import asyncio
 import logging
 import signal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fluidpd.cli.errors import UserError
-from fluidpd.cli.options import add_service_options
+from fluidpd.cli.options import add_service_options, positive_int
 from fluidpd.cli.policy_options import add_fluidrole_options, fluidrole_config
 from fluidpd.cli.router_cmd import parse_workers
 from fluidpd.core.fluidrole import FluidRoleConfig
+
+if TYPE_CHECKING:
+    from fluidpd.controller.metrics import DeploymentMetrics
 
 
 def add_parser(sub: Any) -> None:
@@ -25,6 +28,19 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--router", default=None, help="router URL; its worker set is used")
     p.add_argument("--worker", action="append", default=[], metavar="ID=URL")
+    p.add_argument(
+        "--metrics-port",
+        type=positive_int("--metrics-port"),
+        default=None,
+        help="serve the controller's Prometheus metrics on this port (/metrics; default: off)",
+    )
+    p.add_argument("--metrics-host", default="127.0.0.1", help="address for --metrics-port")
+    p.add_argument(
+        "--deployment",
+        default="local/fluidpd",
+        metavar="NAMESPACE/NAME",
+        help="the deployment the metrics are labelled with (default local/fluidpd)",
+    )
     add_fluidrole_options(p)
     add_service_options(p, "info")
     p.set_defaults(func=run)
@@ -38,12 +54,28 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s controller %(levelname)s %(message)s"
     )
-    asyncio.run(_main(args.router, static, cfg, args.admin_token or None))
+    namespace, _, name = args.deployment.partition("/")
+    if not namespace or not name:
+        raise UserError(f"--deployment: expected NAMESPACE/NAME, got {args.deployment!r}")
+    metrics = None
+    if args.metrics_port is not None:
+        from prometheus_client import start_http_server
+
+        from fluidpd.controller.metrics import ControllerMetrics
+
+        registry = ControllerMetrics()
+        metrics = registry.for_deployment(namespace, name)
+        start_http_server(args.metrics_port, args.metrics_host, registry=registry.registry)
+    asyncio.run(_main(args.router, static, cfg, args.admin_token or None, metrics))
     return 0
 
 
 async def _main(
-    router: str | None, static: dict[str, str], cfg: FluidRoleConfig, token: str | None
+    router: str | None,
+    static: dict[str, str],
+    cfg: FluidRoleConfig,
+    token: str | None,
+    metrics: DeploymentMetrics | None = None,
 ) -> None:
     import aiohttp
     import orjson
@@ -65,7 +97,7 @@ async def _main(
                 async with session.post(f"{router}/admin/poll", headers=headers):
                     pass
 
-        controller = FluidRoleController(source, cfg, session, token, refresh)
+        controller = FluidRoleController(source, cfg, session, token, refresh, metrics)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -82,6 +82,12 @@ def add_parser(sub: Any) -> None:
     add_slo_options(p)
     add_fluidtoken_options(p)
     add_fluidrole_options(p)
+    p.add_argument(
+        "--controller-metrics-port",
+        type=positive_int("--controller-metrics-port"),
+        default=None,
+        help="the controller serves its Prometheus metrics on this port (default: off)",
+    )
     p.add_argument("--ready-timeout", type=positive_int("--ready-timeout"), default=60)
     p.set_defaults(func=run)
 
@@ -203,6 +209,9 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"the stack did not come up; see the logs in {run_dir}")
         if mech.fluidrole:
             ctl = ["controller", "--router", endpoint, *fluidrole_argv(args)]
+            if args.controller_metrics_port:
+                metrics_port = str(args.controller_metrics_port)
+                ctl += ["--metrics-host", args.host, "--metrics-port", metrics_port]
             stack.start("controller", ctl, env)
         served = profile.model if args.profile else args.model
         print(

@@ -19,6 +19,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from fluidpd.controller.metrics import DeploymentMetrics
 from fluidpd.core.fluidrole import (
     FluidRoleConfig,
     FluidRolePolicy,
@@ -50,6 +51,7 @@ class FluidRoleController:
         session: aiohttp.ClientSession,
         token: str | None = None,
         on_change: Callable[[], Awaitable[None]] | None = None,
+        metrics: DeploymentMetrics | None = None,
     ) -> None:
         self.source = source
         self.cfg = cfg
@@ -59,9 +61,25 @@ class FluidRoleController:
         if token:
             self.headers["Authorization"] = f"Bearer {token}"
         self.on_change = on_change
+        self.metrics = metrics
         self.events: list[ControllerEvent] = []
         self.reports: dict[str, dict[str, Any]] = {}
         self._switching: tuple[str, Role] | None = None
+
+    def _event(self, event: ControllerEvent) -> None:
+        self.events.append(event)
+        if self.metrics is not None:
+            drain = event.detail.get("drain_s") if event.kind == "switch-finished" else None
+            self.metrics.event(event.kind, drain)
+
+    def _observed(self, decision: SwitchDecision | Recommendation) -> None:
+        m = self.metrics
+        if m is None:
+            return
+        m.decided(decision)
+        for role in Role:
+            m.worker_count(role, sum(1 for r in self.reports.values() if r["role"] == role.value))
+        m.pressure(self.policy.last_pressure)
 
     async def _pressure(self, wid: str, url: str) -> dict[str, Any] | None:
         try:
@@ -94,10 +112,11 @@ class FluidRoleController:
         ]
         await self._track_switch(now)
         decision = self.policy.observe(now, signals)
+        self._observed(decision)
         if isinstance(decision, SwitchDecision):
             await self._start_switch(decision, now)
         elif decision is Recommendation.NEEDS_CAPACITY:
-            self.events.append(ControllerEvent(now, "needs-capacity"))
+            self._event(ControllerEvent(now, "needs-capacity"))
             log.warning("both phases pressured: the deployment needs more capacity")
         return decision
 
@@ -110,12 +129,12 @@ class FluidRoleController:
             # The switching worker is gone: the switch will not finish; free the policy.
             self.policy.switch_finished(wid, now)
             self._switching = None
-            self.events.append(ControllerEvent(now, "switch-abandoned", wid))
+            self._event(ControllerEvent(now, "switch-abandoned", wid))
             return
         if r["role"] == target.value and r["state"] == RoleState.ACTIVE.value:
             self.policy.switch_finished(wid, now)
             self._switching = None
-            self.events.append(
+            self._event(
                 ControllerEvent(
                     now,
                     "switch-finished",
@@ -154,7 +173,7 @@ class FluidRoleController:
         if not ok:
             log.warning("switch of %s refused: %s", d.worker, detail)
             self.policy.switch_finished(d.worker, now)
-            self.events.append(ControllerEvent(now, "switch-refused", d.worker, {"detail": detail}))
+            self._event(ControllerEvent(now, "switch-refused", d.worker, {"detail": detail}))
             return
         self._switching = (d.worker, d.target)
         log.info(
@@ -164,7 +183,7 @@ class FluidRoleController:
             d.target.value,
             d.drain_mode.value,
         )
-        self.events.append(
+        self._event(
             ControllerEvent(
                 now,
                 "switch-started",

@@ -1,12 +1,17 @@
 """Prometheus metrics of one sidecar (prometheus-client), including the SGLang-compatible
-gauges the Gateway API Inference Extension reads (``sglang:num_queue_reqs`` and friends)."""
+gauges the Gateway API Inference Extension reads (``sglang:num_queue_reqs`` and friends).
+
+SLO attainment is counted exactly, per finished request, against this worker's own targets
+(``fluidpd_slo_requests_total{slo, outcome}``, with the targets as ``fluidpd_slo_target_seconds``),
+so the dashboards' attainment does not depend on a histogram bucket sitting at the SLO. The
+decode worker records a request (it sees both its first token and its last)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -133,6 +138,28 @@ class SidecarMetrics:
             labels,
             registry=self.registry,
         )
+        slo = service.cfg.slo
+        self._slo = slo
+        targets = Gauge(
+            "fluidpd_slo_target_seconds",
+            "The worker's SLO targets",
+            ["worker", "slo"],
+            registry=self.registry,
+        )
+        targets.labels(self._worker, "ttft").set(slo.ttft)
+        targets.labels(self._worker, "tpot").set(slo.tpot)
+        slo_requests = Counter(
+            "fluidpd_slo_requests",
+            "Finished requests by SLO (ttft, tpot, all = both) and outcome (met, missed)",
+            ["worker", "slo", "outcome"],
+            registry=self.registry,
+        )
+        # Every series exists from the start (at 0), so attainment ratios have data at once.
+        self._slo_counts = {
+            (kind, met): slo_requests.labels(self._worker, kind, "met" if met else "missed")
+            for kind in ("ttft", "tpot", "all")
+            for met in (True, False)
+        }
         self.registry.register(_Gauges(service))
 
     def first_token(self, ttft: float) -> None:
@@ -140,10 +167,16 @@ class SidecarMetrics:
 
     def finished(self, req: Request, t: float) -> None:
         self.e2e.labels(self._worker).observe(t - req.arrival)
+        tpot = 0.0
         if req.max_new_tokens > 1:
-            self.tpot.labels(self._worker).observe(
-                (t - req.first_token_t) / (req.max_new_tokens - 1)
-            )
+            tpot = (t - req.first_token_t) / (req.max_new_tokens - 1)
+            self.tpot.labels(self._worker).observe(tpot)
+        # The simulator's rule (fluidpd.sim.metrics.good_mask): a one-token answer meets TPOT.
+        ttft_ok = req.first_token_t - req.arrival <= self._slo.ttft
+        tpot_ok = tpot <= self._slo.tpot
+        self._slo_counts["ttft", ttft_ok].inc()
+        self._slo_counts["tpot", tpot_ok].inc()
+        self._slo_counts["all", ttft_ok and tpot_ok].inc()
 
     def kv_corrupt(self) -> None:
         self.kv_corrupted.labels(self._worker).inc()
