@@ -27,7 +27,7 @@ from fluidpd.core.fluidrole import (
     SwitchDecision,
     WorkerSignals,
 )
-from fluidpd.core.types import Role, RoleState
+from fluidpd.core.types import DrainMode, Role, RoleState
 
 log = logging.getLogger("fluidpd.controller")
 
@@ -38,7 +38,9 @@ WorkerSource = Callable[[], Awaitable[dict[str, str]]]
 @dataclass(slots=True)
 class ControllerEvent:
     t: float
-    kind: str  # "switch-started", "switch-finished", "needs-capacity", "switch-refused"
+    #: "switch-started", "switch-resumed", "switch-finished", "switch-abandoned",
+    #: "switch-refused", "needs-capacity"
+    kind: str
     worker: str = ""
     detail: dict[str, Any] = field(default_factory=dict)
 
@@ -149,16 +151,18 @@ class FluidRoleController:
             if self.on_change:
                 await self.on_change()
 
-    async def _start_switch(self, d: SwitchDecision, now: float) -> None:
-        url = self.reports[d.worker]["url"]
+    async def _post_role(self, worker: str, target: Role, drain: DrainMode) -> tuple[bool, str]:
+        """Asks ``worker``'s sidecar to switch (idempotent there: the same switch under way, or
+        already done, answers 200)."""
+        url = self.reports[worker]["url"]
         decode_urls = [
             r["url"]
             for w, r in self.reports.items()
             if r["role"] == Role.DECODE.value
             and r["state"] == RoleState.ACTIVE.value
-            and w != d.worker
+            and w != worker
         ]
-        body = {"role": d.target.value, "drain": d.drain_mode.value, "migrate_to": decode_urls}
+        body = {"role": target.value, "drain": drain.value, "migrate_to": decode_urls}
         try:
             async with self.session.post(
                 f"{url}/role",
@@ -166,10 +170,26 @@ class FluidRoleController:
                 headers=self.headers,
                 timeout=aiohttp.ClientTimeout(total=5.0),
             ) as resp:
-                ok = resp.status == 200
-                detail = (await resp.text())[:200]
+                return resp.status == 200, (await resp.text())[:200]
         except (aiohttp.ClientError, TimeoutError) as exc:
-            ok, detail = False, str(exc)
+            return False, str(exc)
+
+    async def resume(self, worker: str, target: Role, drain: DrainMode) -> bool:
+        """Takes over a switch started before this controller (a restarted operator reads it
+        back from the cluster): re-asks the sidecar, then tracks it like its own."""
+        if self._switching is not None or worker not in self.reports:
+            return False
+        ok, detail = await self._post_role(worker, target, drain)
+        if not ok:
+            log.warning("resumed switch of %s refused: %s", worker, detail)
+            return False
+        self.policy.switch_resumed(worker)
+        self._switching = (worker, target)
+        self._event(ControllerEvent(time.time(), "switch-resumed", worker, {"to": target.value}))
+        return True
+
+    async def _start_switch(self, d: SwitchDecision, now: float) -> None:
+        ok, detail = await self._post_role(d.worker, d.target, d.drain_mode)
         if not ok:
             log.warning("switch of %s refused: %s", d.worker, detail)
             self.policy.switch_finished(d.worker, now)

@@ -18,6 +18,7 @@ from fluidpd.core.types import Role
 #: Event kinds of ``ControllerEvent``; every one is a series from the start.
 EVENT_KINDS = (
     "switch-started",
+    "switch-resumed",
     "switch-finished",
     "switch-refused",
     "switch-abandoned",
@@ -98,7 +99,7 @@ class DeploymentMetrics:
 
     def event(self, kind: str, drain_s: float | None = None) -> None:
         self.m.events.labels(*self.key, kind).inc()
-        if kind == "switch-started":
+        if kind in ("switch-started", "switch-resumed"):
             self.m.switching.labels(*self.key).set(1)
         elif kind in ("switch-finished", "switch-refused", "switch-abandoned"):
             self.m.switching.labels(*self.key).set(0)
