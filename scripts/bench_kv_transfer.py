@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from fluidpd_sidecar.transfer import KVDest
 from fluidpd_sidecar.transfer_mooncake import MooncakeTransfer
 

@@ -83,6 +83,11 @@ class FluidRoleController:
             m.worker_count(role, sum(1 for r in self.reports.values() if r["role"] == role.value))
         m.pressure(self.policy.last_pressure)
 
+    @property
+    def in_flight(self) -> tuple[str, Role] | None:
+        """The switch being carried out (worker, target role), if any."""
+        return self._switching
+
     async def _pressure(self, wid: str, url: str) -> dict[str, Any] | None:
         try:
             timeout = aiohttp.ClientTimeout(total=1.0, connect=0.5)

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+
 from fluidpd_sidecar.transfer_mooncake import (
     FirstFitAllocator,
     MooncakeTransfer,

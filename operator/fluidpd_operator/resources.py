@@ -1,0 +1,280 @@
+"""The objects a FluidPDDeployment owns, as plain manifests (pure functions, no API calls).
+
+A worker's role lives in the pod's ``fluidpd.io/role`` label, never in its template: the
+sidecar reads it at start through the downward API, and a role change later flips the label on
+the running pod, so a switch never restarts the container. Per-role Services select on that
+label, so they follow a switch with no change of their own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fluidpd.core.types import Role
+from fluidpd_operator.spec import DeploymentSpec
+
+GROUP = "fluidpd.io"
+VERSION = "v1alpha1"
+PLURAL = "fluidpddeployments"
+KIND = "FluidPDDeployment"
+RESOURCE = f"{GROUP}/{VERSION}/{PLURAL}"
+
+ROLE_LABEL = f"{GROUP}/role"
+DEPLOYMENT_LABEL = f"{GROUP}/deployment"
+COMPONENT_LABEL = "app.kubernetes.io/component"
+#: The role the operator is moving the pod to (set before the sidecar is asked to switch).
+DESIRED_ROLE = f"{GROUP}/desired-role"
+SWITCH_STARTED = f"{GROUP}/switch-started"
+SWITCH_DRAIN = f"{GROUP}/switch-drain"
+#: Scale-in: the pod is draining to be deleted.
+RETIRE = f"{GROUP}/retire"
+PROFILE_DIR = "/etc/fluidpd/profile"
+TOKEN_KEY = "token"
+
+
+def labels(name: str, component: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "fluidpd",
+        "app.kubernetes.io/instance": name,
+        "app.kubernetes.io/managed-by": "fluidpd-operator",
+        COMPONENT_LABEL: component,
+        DEPLOYMENT_LABEL: name,
+    }
+
+
+def worker_selector(name: str) -> dict[str, str]:
+    return {DEPLOYMENT_LABEL: name, COMPONENT_LABEL: "worker"}
+
+
+def selector_string(match: dict[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(match.items()))
+
+
+def owner_reference(owner: dict[str, Any]) -> dict[str, Any]:
+    meta = owner["metadata"]
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": KIND,
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def auth_secret_name(name: str, spec: DeploymentSpec) -> str:
+    return spec.auth_secret_ref.name if spec.auth_secret_ref else f"{name}-auth"
+
+
+def auth_secret_key(spec: DeploymentSpec) -> str:
+    return spec.auth_secret_ref.key if spec.auth_secret_ref else TOKEN_KEY
+
+
+def auth_secret(owner: dict[str, Any], token: str) -> dict[str, Any]:
+    """The generated bearer token for internal and admin endpoints (when none is referenced)."""
+    name = owner["metadata"]["name"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": f"{name}-auth",
+            "labels": labels(name, "auth"),
+            "ownerReferences": [owner_reference(owner)],
+        },
+        "type": "Opaque",
+        "stringData": {TOKEN_KEY: token},
+    }
+
+
+def _field_env(var: str, path: str) -> dict[str, Any]:
+    return {"name": var, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def _common_env(name: str, spec: DeploymentSpec) -> list[dict[str, Any]]:
+    secret = {"name": auth_secret_name(name, spec), "key": auth_secret_key(spec)}
+    return [
+        _field_env("POD_NAME", "metadata.name"),
+        _field_env("POD_NAMESPACE", "metadata.namespace"),
+        _field_env("POD_IP", "status.podIP"),
+        {"name": "FLUIDPD_ADMIN_TOKEN", "valueFrom": {"secretKeyRef": secret}},
+    ]
+
+
+_CONTAINER_SECURITY = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "runAsNonRoot": True,
+}
+
+
+def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": "http"},
+        "periodSeconds": period,
+        "failureThreshold": failures,
+        "timeoutSeconds": 2,
+    }
+
+
+def sidecar_args(spec: DeploymentSpec) -> list[str]:
+    """The worker sidecar's command line; ``$(VAR)`` refers to the container's env."""
+    port = str(spec.engine.port)
+    args = [
+        "--id", "$(POD_NAME)",
+        "--role", "$(FLUIDPD_ROLE)",
+        "--host", "$(POD_IP)",
+        "--port", port,
+        "--url", f"http://$(POD_IP):{port}",
+        "--engine", spec.engine.backend,
+        "--ttft-slo", str(spec.slo.ttft_seconds),
+        "--tpot-slo", str(spec.slo.tpot_seconds),
+        "--eta", str(spec.fluid_token.eta),
+        "--token-dpi-load-high", str(spec.fluid_token.dpi_load_high),
+        "--log-level", "info",
+    ]  # fmt: skip
+    if spec.model.profile_config_map:
+        args += ["--profile", f"{PROFILE_DIR}/profile.yaml"]
+    else:
+        args += ["--model", spec.model.name, "--gpu", spec.model.gpu]
+    if not spec.fluid_token.enabled:
+        args.append("--no-fluidtoken")
+    return [*args, *spec.engine.args]
+
+
+def worker_pod(
+    owner: dict[str, Any], spec: DeploymentSpec, pod: str, role: Role, image: str
+) -> dict[str, Any]:
+    name = owner["metadata"]["name"]
+    env = [*_common_env(name, spec), _field_env("FLUIDPD_ROLE", f"metadata.labels['{ROLE_LABEL}']")]
+    container: dict[str, Any] = {
+        "name": "sidecar",
+        "image": spec.engine.image or image,
+        "command": ["fluidpd", "sidecar"],
+        "args": sidecar_args(spec),
+        "env": env,
+        "ports": [{"name": "http", "containerPort": spec.engine.port, "protocol": "TCP"}],
+        "readinessProbe": _probe("/readyz", 2, 3),
+        "livenessProbe": _probe("/healthz", 10, 6),
+        "securityContext": _CONTAINER_SECURITY,
+    }
+    if spec.engine.resources:
+        container["resources"] = spec.engine.resources
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        "restartPolicy": "Always",
+        # A drain finishes in-flight work; give it the time a long decode needs.
+        "terminationGracePeriodSeconds": 120,
+        "enableServiceLinks": False,
+        "automountServiceAccountToken": False,
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "fsGroup": 10001},
+    }
+    if spec.model.profile_config_map:
+        container["volumeMounts"] = [{"name": "profile", "mountPath": PROFILE_DIR}]
+        pod_spec["volumes"] = [
+            {"name": "profile", "configMap": {"name": spec.model.profile_config_map}}
+        ]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pod,
+            "labels": {**labels(name, "worker"), ROLE_LABEL: role.value},
+            "annotations": {
+                "prometheus.io/scrape": "true",
+                "prometheus.io/port": str(spec.engine.port),
+                "prometheus.io/path": "/metrics",
+            },
+            "ownerReferences": [owner_reference(owner)],
+        },
+        "spec": pod_spec,
+    }
+
+
+def role_service(owner: dict[str, Any], spec: DeploymentSpec, role: Role) -> dict[str, Any]:
+    name = owner["metadata"]["name"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": f"{name}-{role.value}",
+            "labels": {**labels(name, "worker"), ROLE_LABEL: role.value},
+            "ownerReferences": [owner_reference(owner)],
+        },
+        "spec": {
+            "type": "ClusterIP",
+            "selector": {**worker_selector(name), ROLE_LABEL: role.value},
+            "ports": [{"name": "http", "port": spec.engine.port, "targetPort": "http"}],
+        },
+    }
+
+
+def router_deployment(owner: dict[str, Any], spec: DeploymentSpec, image: str) -> dict[str, Any]:
+    name = owner["metadata"]["name"]
+    match = {DEPLOYMENT_LABEL: name, COMPONENT_LABEL: "router"}
+    port = spec.router.port
+    args = [
+        "--host", "$(POD_IP)",
+        "--port", str(port),
+        "--model", spec.model.name,
+        "--gpu", spec.model.gpu,
+        "--log-level", "info",
+    ]  # fmt: skip
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": f"{name}-router",
+            "labels": labels(name, "router"),
+            "ownerReferences": [owner_reference(owner)],
+        },
+        "spec": {
+            "replicas": spec.router.replicas,
+            "selector": {"matchLabels": match},
+            "template": {
+                "metadata": {
+                    "labels": labels(name, "router"),
+                    "annotations": {
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": str(port),
+                        "prometheus.io/path": "/metrics",
+                    },
+                },
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "router",
+                            "image": spec.router.image or image,
+                            "command": ["fluidpd", "router"],
+                            "args": args,
+                            "env": _common_env(name, spec),
+                            "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
+                            "readinessProbe": _probe("/healthz", 2, 3),
+                            "livenessProbe": _probe("/healthz", 10, 6),
+                            "securityContext": _CONTAINER_SECURITY,
+                        }
+                    ],
+                    "enableServiceLinks": False,
+                    "automountServiceAccountToken": False,
+                    "securityContext": {"runAsNonRoot": True, "runAsUser": 10001},
+                },
+            },
+        },
+    }
+
+
+def router_service(owner: dict[str, Any], spec: DeploymentSpec) -> dict[str, Any]:
+    name = owner["metadata"]["name"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": f"{name}-router",
+            "labels": labels(name, "router"),
+            "ownerReferences": [owner_reference(owner)],
+        },
+        "spec": {
+            "type": spec.router.service_type,
+            "selector": {DEPLOYMENT_LABEL: name, COMPONENT_LABEL: "router"},
+            "ports": [{"name": "http", "port": spec.router.port, "targetPort": "http"}],
+        },
+    }

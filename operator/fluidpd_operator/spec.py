@@ -1,0 +1,129 @@
+"""The FluidPDDeployment spec as the operator reads it (pydantic, camelCase aliases).
+
+The CRD's OpenAPI schema is what users see and what the API server validates and defaults;
+these models mirror its defaults so that an object written before a default existed still
+reads the same, and convert the spec into the core's configuration objects.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from fluidpd.core.fallback import FallbackConfig
+from fluidpd.core.fluidrole import FluidRoleConfig
+from fluidpd.core.types import DrainMode
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, extra="ignore", frozen=True)
+
+
+class ModelSpec(_Spec):
+    name: str
+    gpu: str = "a100-80gb"
+    profile_config_map: str | None = Field(None, alias="profileConfigMap")
+
+
+class EngineSpec(_Spec):
+    backend: Literal["sim", "gpu", "sglang"] = "sim"
+    #: None: the operator's default (FLUIDPD_SIDECAR_IMAGE).
+    image: str | None = None
+    args: list[str] = Field(default_factory=list)
+    port: int = 8100
+    resources: dict[str, Any] | None = None
+
+
+class SLOSpec(_Spec):
+    ttft_seconds: float = Field(2.0, alias="ttftSeconds")
+    tpot_seconds: float = Field(0.1, alias="tpotSeconds")
+
+
+class FluidTokenSpec(_Spec):
+    enabled: bool = True
+    eta: float = 1.25
+    dpi_load_high: float = Field(0.6, alias="dpiLoadHigh")
+
+
+class FluidRoleSpec(_Spec):
+    enabled: bool = True
+    ppi_low: float = Field(0.6, alias="ppiLow")
+    ppi_high: float = Field(1.0, alias="ppiHigh")
+    dpi_load_high: float = Field(0.6, alias="dpiLoadHigh")
+    dpi_adm_high: float = Field(0.2, alias="dpiAdmHigh")
+    window_seconds: float = Field(10.0, alias="windowSeconds")
+    interval_seconds: float = Field(1.0, alias="intervalSeconds")
+    n_persist: int = Field(3, alias="nPersist")
+    cooldown_seconds: float = Field(5.0, alias="cooldownSeconds")
+    reversal_cooldown_seconds: float = Field(300.0, alias="reversalCooldownSeconds")
+    drain_mode: DrainMode = Field(DrainMode.MIGRATE, alias="drainMode")
+
+
+class AutoscalingSpec(_Spec):
+    enabled: bool = False
+    max_workers: int = Field(16, alias="maxWorkers")
+    scale_out_after_seconds: float = Field(30.0, alias="scaleOutAfterSeconds")
+    scale_in_after_seconds: float = Field(300.0, alias="scaleInAfterSeconds")
+
+
+class RouterSpec(_Spec):
+    replicas: int = 1
+    service_type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = Field(
+        "ClusterIP", alias="serviceType"
+    )
+    port: int = 8000
+    image: str | None = None
+
+
+class SecretRef(_Spec):
+    name: str
+    key: str = "token"
+
+
+class DeploymentSpec(_Spec):
+    model: ModelSpec
+    engine: EngineSpec = EngineSpec()
+    workers: int = 8
+    prefill: int | None = None
+    min_prefill: int = Field(1, alias="minPrefill")
+    min_decode: int = Field(1, alias="minDecode")
+    slo: SLOSpec = SLOSpec()
+    fluid_token: FluidTokenSpec = Field(FluidTokenSpec(), alias="fluidToken")
+    fluid_role: FluidRoleSpec = Field(FluidRoleSpec(), alias="fluidRole")
+    autoscaling: AutoscalingSpec = AutoscalingSpec()
+    router: RouterSpec = RouterSpec()
+    auth_secret_ref: SecretRef | None = Field(None, alias="authSecretRef")
+
+    def initial_prefill(self) -> int:
+        """Prefill workers to start with: ``prefill`` (default half), kept inside the minimums
+        so that a later ``kubectl scale`` below the initial split is never refused."""
+        wanted = self.prefill if self.prefill is not None else self.workers // 2
+        return max(self.min_prefill, min(wanted, self.workers - self.min_decode))
+
+    def fluidrole_config(self) -> FluidRoleConfig:
+        r = self.fluid_role
+        return FluidRoleConfig(
+            enabled=r.enabled,
+            ppi_low=r.ppi_low,
+            ppi_high=r.ppi_high,
+            dpi_load_high=r.dpi_load_high,
+            dpi_adm_high=r.dpi_adm_high,
+            interval_s=r.interval_seconds,
+            window_s=r.window_seconds,
+            n_persist=r.n_persist,
+            cooldown_s=r.cooldown_seconds,
+            reversal_cooldown_s=r.reversal_cooldown_seconds,
+            min_prefill=self.min_prefill,
+            min_decode=self.min_decode,
+            drain_mode=r.drain_mode,
+        )
+
+    def fallback_config(self) -> FallbackConfig:
+        a = self.autoscaling
+        return FallbackConfig(
+            enabled=a.enabled,
+            max_workers=a.max_workers,
+            scale_out_after_s=a.scale_out_after_seconds,
+            scale_in_after_s=a.scale_in_after_seconds,
+        )
