@@ -5,7 +5,8 @@ PYTHON ?= python3
 PIP := $(PYTHON) -m pip
 OUT ?= out/evaluate
 
-.PHONY: install install-dev system-deps run sim test lint typecheck unit bench results clean
+.PHONY: install install-dev system-deps run sim test lint typecheck unit bench results clean \
+	chart-crds dashboards
 
 install:
 	$(PIP) install --quiet -e .
@@ -46,6 +47,14 @@ bench: install
 results: install
 	sh results/sim/run.sh
 	sh results/live/run.sh
+
+# The chart renders the CRD from an exact copy of crds/ (tests/helm checks they are identical).
+chart-crds:
+	cp crds/fluidpd.io_fluidpddeployments.yaml helm/fluidpd/files/
+
+# The Grafana dashboards the chart ships are generated (tests/monitoring checks they are fresh).
+dashboards:
+	$(PYTHON) scripts/make_dashboards.py
 
 clean:
 	rm -rf out build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -138,6 +138,13 @@ class SidecarMetrics:
             labels,
             registry=self.registry,
         )
+        # Every labelled series exists (at 0) from the start, so the dashboards' queries have
+        # data before the first request or switch.
+        for metric in (self.ttft, self.tpot, self.e2e, self.queue, self.drain, self.kv_sent):
+            metric.labels(self._worker)
+        self.kv_corrupted.labels(self._worker)
+        for source, target in ((Role.PREFILL, Role.DECODE), (Role.DECODE, Role.PREFILL)):
+            self.switches.labels(self._worker, source.value, target.value)
         slo = service.cfg.slo
         self._slo = slo
         targets = Gauge(
@@ -154,7 +161,6 @@ class SidecarMetrics:
             ["worker", "slo", "outcome"],
             registry=self.registry,
         )
-        # Every series exists from the start (at 0), so attainment ratios have data at once.
         self._slo_counts = {
             (kind, met): slo_requests.labels(self._worker, kind, "met" if met else "missed")
             for kind in ("ttft", "tpot", "all")
