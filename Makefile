@@ -6,7 +6,7 @@ PIP := $(PYTHON) -m pip
 OUT ?= out/evaluate
 
 .PHONY: install install-dev system-deps run sim test lint typecheck unit bench results clean \
-	chart-crds dashboards
+	chart-crds dashboards testplane cluster
 
 install:
 	$(PIP) install --quiet -e .
@@ -30,15 +30,25 @@ sim: install
 
 lint: install-dev
 	ruff check .
-	ruff format --check fluidpd tests worker-sidecar scripts
+	ruff format --check fluidpd tests worker-sidecar scripts e2e
 
 typecheck: install-dev
-	mypy fluidpd worker-sidecar/fluidpd_sidecar
+	mypy fluidpd worker-sidecar/fluidpd_sidecar e2e/harness
 
-unit: install-dev
+unit: install-dev testplane
 	$(PYTHON) -m pytest -q
 
 test: lint typecheck unit
+
+# The e2e test plane's binaries (kube-apiserver, kube-controller-manager, kube-scheduler, kubectl,
+# etcd, helm), built from the Go module proxy once (5-10 min) and cached in ~/.cache/fluidpd.
+testplane:
+	sh e2e/testplane/build-binaries.sh
+
+# A local cluster to poke at: the test control plane plus the fake kubelet; prints
+# `export KUBECONFIG=...`, runs until Ctrl-C.
+cluster: install-dev testplane
+	cd e2e && $(PYTHON) -m harness.cluster
 
 bench: install
 	fluidpd bench --out results/bench

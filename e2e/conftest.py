@@ -1,0 +1,95 @@
+"""Fixtures for the e2e tests on the real test control plane.
+
+- `control_plane` (session): a `harness.ControlPlane` (etcd, kube-apiserver,
+  kube-controller-manager, kube-scheduler on loopback); `.kubectl(...)`, `.api_client()`,
+  `.kubeconfig`, `.server`, `.token`, `.tokens`, `.bin_dir`.
+- `kubelet` (session): a `harness.FakeKubelet` on that plane (node `fluidpd-fake-node`);
+  `.logs(pod)`, `.dump(namespace)`, `.pod_ip(pod, ns)`, `.pid(pod, ns)`.
+- `namespace` (function): a fresh namespace (its `default` ServiceAccount ready), deleted after
+  the test (waiting for its pods to go).
+- `k8s_api` (session): an admin `kubernetes.client.ApiClient`.
+
+A failing test that used `kubelet` gets the pod output (and the control plane's log tails) in its
+report.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from harness import ControlPlane, FakeKubelet, ensure_binaries, wait_for
+
+
+@pytest.fixture(scope="session")
+def control_plane() -> Iterator[ControlPlane]:
+    with ControlPlane(ensure_binaries()) as cp:
+        yield cp
+
+
+@pytest.fixture(scope="session")
+def kubelet(control_plane: ControlPlane) -> Iterator[FakeKubelet]:
+    with FakeKubelet(control_plane) as k:
+        yield k
+
+
+@pytest.fixture(scope="session")
+def k8s_api(control_plane: ControlPlane) -> Iterator[Any]:
+    api = control_plane.api_client()
+    yield api
+    api.close()
+
+
+@pytest.fixture
+def namespace(
+    control_plane: ControlPlane, k8s_api: Any, request: pytest.FixtureRequest
+) -> Iterator[str]:
+    core = client.CoreV1Api(k8s_api)
+    slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
+    name = f"{slug}-{uuid.uuid4().hex[:6]}"
+    core.create_namespace({"metadata": {"name": name, "labels": {"fluidpd.io/e2e": "true"}}})
+    # The ServiceAccount admission plugin rejects pods until the namespace's `default` exists.
+    wait_for(
+        lambda: core.read_namespaced_service_account("default", name),
+        timeout=60,
+        what=f"ServiceAccount {name}/default",
+    )
+    yield name
+    try:
+        core.delete_namespace(name)
+    except ApiException as e:
+        if e.status != 404:
+            raise
+
+    def gone() -> bool:
+        try:
+            core.read_namespace(name)
+        except ApiException as e:
+            return e.status == 404
+        return False
+
+    # Leave no pod processes behind for the next test: the namespace goes once its pods have.
+    wait_for(gone, timeout=120, what=f"namespace {name} to be deleted")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    if report.when != "call" or not report.failed:
+        return
+    funcargs = getattr(item, "funcargs", {})
+    kubelet = funcargs.get("kubelet")
+    if isinstance(kubelet, FakeKubelet):
+        report.sections.append(
+            ("fake kubelet: pod output", kubelet.dump(funcargs.get("namespace")))
+        )
+    control_plane = funcargs.get("control_plane")
+    if isinstance(control_plane, ControlPlane):
+        report.sections.append(("control plane logs", control_plane.logs(2000)))

@@ -1,0 +1,81 @@
+"""Child processes that die with their parent and are stopped as a whole process group."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+_PR_SET_PDEATHSIG = 1
+
+try:
+    _LIBC: ctypes.CDLL | None = ctypes.CDLL("libc.so.6", use_errno=True)
+except OSError:  # not glibc Linux: children then outlive a SIGKILLed parent
+    _LIBC = None
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGKILL when the spawning thread dies, however it dies.
+
+    Only a call into the already-loaded libc, so it is safe in a process that has threads.
+    """
+    if _LIBC is not None:
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def spawn(
+    argv: Sequence[str],
+    log_path: Path,
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> subprocess.Popen[bytes]:
+    """Start argv in its own session (its own process group), stdout+stderr appended to log_path.
+
+    The parent-death signal is tied to the calling thread: spawn from a long-lived thread.
+    """
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log:
+        return subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=dict(env) if env is not None else None,
+            cwd=cwd,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,  # noqa: PLW1509
+        )
+
+
+def signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    """Send sig to the process group proc leads (its children included)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+
+
+def stop(proc: subprocess.Popen[bytes], grace: float = 10.0) -> int:
+    """SIGTERM the group, SIGKILL it after grace seconds; reap; return the exit status."""
+    if proc.poll() is None:
+        signal_group(proc, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+    # Whatever the leader did, leave nothing of its group behind.
+    signal_group(proc, signal.SIGKILL)
+    return proc.wait()
+
+
+def tail(path: Path, max_chars: int = 6000) -> str:
+    """The end of a log file, or a note that there is none."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return f"(no log at {path})"
+    text = data[-max_chars:].decode("utf-8", errors="replace")
+    return text if len(data) <= max_chars else "...\n" + text
