@@ -187,12 +187,13 @@ def test_default_objects(helm: str) -> None:
             "ClusterRole",
             "ClusterRoleBinding",
             "Deployment",
+            "Service",
             "ClusterKopfPeering",
         ]
     )
     for d in docs:
         assert d["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
-        if d["kind"] in ("ServiceAccount", "Deployment"):
+        if d["kind"] in ("ServiceAccount", "Deployment", "Service"):
             assert d["metadata"]["namespace"] == NS
 
 
@@ -258,12 +259,33 @@ def test_operator_deployment(helm: str) -> None:
     port = next(p for p in c["ports"] if p["name"] == "health")["containerPort"]
     assert liveness == f"http://0.0.0.0:{port}/healthz"
     assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    # The controllers' metrics: a port, a Service for it, and the scrape annotations.
+    (metrics_port,) = flag_values(argv, "--metrics-port")
+    assert {"name": "metrics", "containerPort": int(metrics_port), "protocol": "TCP"} in c["ports"]
+    annotations = dep["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert annotations["prometheus.io/port"] == metrics_port
+    svc = one(docs, "Service")
+    assert svc["spec"]["selector"] == dep["spec"]["selector"]["matchLabels"]
+    assert svc["spec"]["ports"] == [
+        {"name": "metrics", "port": int(metrics_port), "targetPort": "metrics", "protocol": "TCP"}
+    ]
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["FLUIDPD_SIDECAR_IMAGE"] == "ghcr.io/fluidpd/sidecar-sim:0.1.0"
     assert env["FLUIDPD_ROUTER_IMAGE"] == "ghcr.io/fluidpd/router:0.1.0"
     assert env["FLUIDPD_LOG_LEVEL"] == "info"
     # The read-only root filesystem leaves a writable /tmp.
     assert {"name": "tmp", "mountPath": "/tmp"} in c["volumeMounts"]
+
+
+def test_operator_metrics_off(helm: str) -> None:
+    docs = objects(helm, "--set", "operator.metrics.enabled=false")
+    assert not by_kind(docs, "Service")
+    c = operator_container(docs)
+    assert flag_values(operator_argv(c), "--metrics-port") == []
+    assert [p["name"] for p in c["ports"]] == ["health"]
+    err = render(helm, "--set", "operator.metrics.port=8080", ok=False)
+    assert "operator.metrics.port and operator.livenessPort must differ" in err
 
 
 def test_fixed_priority_and_ha_replicas(helm: str) -> None:
@@ -376,7 +398,9 @@ def test_monitoring_objects_need_the_prometheus_operator_api(helm: str) -> None:
     assert not by_kind(without, "ServiceMonitor")
     assert not by_kind(without, "PrometheusRule")
     docs = objects(helm, *MONITORING_ON, "--api-versions", MONITORING)
-    sm = one(docs, "ServiceMonitor")
+    monitors = {m["metadata"]["name"]: m for m in by_kind(docs, "ServiceMonitor")}
+    assert set(monitors) == {"rel-fluidpd", "rel-fluidpd-operator"}
+    sm = monitors["rel-fluidpd"]
     assert sm["spec"]["selector"] == {
         "matchLabels": {"app.kubernetes.io/name": "fluidpd"},
         "matchExpressions": [
@@ -390,6 +414,12 @@ def test_monitoring_objects_need_the_prometheus_operator_api(helm: str) -> None:
         "sourceLabels": ["__meta_kubernetes_service_label_app_kubernetes_io_instance"],
         "targetLabel": "fluidpd_deployment",
     } in endpoint["relabelings"]
+    operator_sm = monitors["rel-fluidpd-operator"]
+    svc = one(docs, "Service")
+    selector = operator_sm["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= svc["metadata"]["labels"].items()
+    assert operator_sm["spec"]["namespaceSelector"] == {"matchNames": [NS]}
+    assert [e["port"] for e in operator_sm["spec"]["endpoints"]] == ["metrics"]
     rule = one(docs, "PrometheusRule")
     rules = [r for g in rule["spec"]["groups"] for r in g["rules"]]
     records = {r["record"] for r in rules if "record" in r}
@@ -407,7 +437,9 @@ def test_service_monitor_follows_watched_namespaces(helm: str) -> None:
     docs = objects(
         helm, *MONITORING_ON, "--api-versions", MONITORING, "--set", "watchNamespaces={team-a}"
     )
-    assert one(docs, "ServiceMonitor")["spec"]["namespaceSelector"] == {"matchNames": ["team-a"]}
+    monitors = {m["metadata"]["name"]: m for m in by_kind(docs, "ServiceMonitor")}
+    workers = monitors["rel-fluidpd"]
+    assert workers["spec"]["namespaceSelector"] == {"matchNames": ["team-a"]}
 
 
 def test_one_dashboard_configmap_per_dashboard_file(helm: str) -> None:
