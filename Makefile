@@ -6,7 +6,7 @@ PIP := $(PYTHON) -m pip
 OUT ?= out/evaluate
 
 .PHONY: install install-dev system-deps run sim test lint typecheck unit bench results clean \
-	chart-crds dashboards testplane cluster
+	chart-crds dashboards requirements testplane cluster
 
 install:
 	$(PIP) install --quiet -e .
@@ -65,6 +65,11 @@ chart-crds:
 # The Grafana dashboards the chart ships are generated (tests/monitoring checks they are fresh).
 dashboards:
 	$(PYTHON) scripts/make_dashboards.py
+
+# Pinned requirements files of the images (requirements/*.txt) from pyproject.toml, at the
+# versions installed here (tests/images checks they match and resolve).
+requirements:
+	$(PYTHON) scripts/lock_requirements.py
 
 clean:
 	rm -rf out build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
