@@ -15,6 +15,7 @@ import math
 import re
 import shutil
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.parse
@@ -242,7 +243,7 @@ def _targets() -> list[tuple[str, str, str]]:
 
 def test_dashboards_are_the_generators_output() -> None:
     proc = subprocess.run(
-        ["python3", str(ROOT / "scripts" / "make_dashboards.py"), "--check"],
+        [sys.executable, str(ROOT / "scripts" / "make_dashboards.py"), "--check"],
         check=False,
         capture_output=True,
         text=True,
