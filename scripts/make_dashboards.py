@@ -339,12 +339,29 @@ def slo_dashboard() -> dict[str, Any]:
         "state-timeline",
         "Role and state per worker",
         [
+            # 0 prefill, 1 decode; + 2 while the worker drains or switches.
             (
-                f"max by (worker, role, state) (fluidpd_worker_role{{{WSEL}}} == 1)",
-                "{{worker}} {{role}} {{state}}",
+                f'max by (worker) (fluidpd_worker_role{{{WSEL}, role="decode"}})'
+                f' + 2 * max by (worker) (fluidpd_worker_role{{{WSEL}, state!="active"}} * 0 + 1)'
+                f' or max by (worker) (fluidpd_worker_role{{{WSEL}, role="decode"}})',
+                "{{worker}}",
             )
         ],
         w=12,
+        defaults={
+            "mappings": [
+                {
+                    "type": "value",
+                    "options": {
+                        "0": {"text": "prefill", "color": "blue", "index": 0},
+                        "1": {"text": "decode", "color": "green", "index": 1},
+                        "2": {"text": "prefill (draining)", "color": "orange", "index": 2},
+                        "3": {"text": "decode (draining)", "color": "orange", "index": 3},
+                    },
+                }
+            ],
+            "color": {"mode": "thresholds"},
+        },
     )
     b.row("Pressure")
     b.panel(
