@@ -25,8 +25,13 @@ def find_helm() -> str | None:
 
 
 @pytest.fixture(scope="session")
-def helm() -> str:
-    found = find_helm()
+def helm_or_none() -> str | None:
+    return find_helm()
+
+
+@pytest.fixture(scope="session")
+def helm(helm_or_none: str | None) -> str:
+    found = helm_or_none
     if found is None:
         pytest.skip("no helm binary: run `sh e2e/testplane/build-binaries.sh` (make test does)")
     return found
