@@ -13,6 +13,7 @@ from fluidpd.cli import (
     drill_cmd,
     evaluate_cmd,
     operator_cmd,
+    profile_cmd,
     replay_cmd,
     router_cmd,
     sidecar_cmd,
@@ -52,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay_cmd.add_parser(sub)
     evaluate_cmd.add_parser(sub)
     operator_cmd.add_parser(sub)
+    profile_cmd.add_parser(sub)
     profiles = sub.add_parser("profiles", help="list the shipped model x GPU profiles")
     profiles.set_defaults(func=lambda _args: print("\n".join(available_profiles())) or 0)
     return parser

@@ -77,3 +77,20 @@ def add_service_options(parser: argparse.ArgumentParser, log_level: str = "warni
         help="bearer token on internal and admin endpoints (env FLUIDPD_ADMIN_TOKEN)",
     )
     parser.add_argument("--log-level", default=log_level, help=f"(default {log_level})")
+
+
+def add_gpu_engine_options(parser: argparse.ArgumentParser) -> None:
+    """The ``gpu`` engine's model options (shared by ``sidecar``, ``up`` and ``profile``)."""
+    g = parser.add_argument_group("gpu engine")
+    g.add_argument(
+        "--gpu-model",
+        default="llama-3.1-8b",
+        help="model shape: llama-3.1-8b, llama-3.2-1b, qwen3-8b, qwen3-0.6b, tiny-llama, "
+        "tiny-qwen3, or a Hugging Face config.json (or its directory)",
+    )
+    g.add_argument(
+        "--weights", default=None, help="local safetensors directory (default: seeded weights)"
+    )
+    g.add_argument("--weight-seed", type=int, default=0, help="seed of the generated weights")
+    g.add_argument("--device", default="cuda", help="torch device (cuda, cuda:1, cpu)")
+    g.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fluidpd.cli.options import add_float, add_service_options, positive_int
+from fluidpd.cli.errors import UserError
+from fluidpd.cli.options import add_float, add_gpu_engine_options, add_service_options, positive_int
 from fluidpd.cli.policy_options import (
     add_fluidtoken_options,
     add_slo_options,
@@ -16,8 +17,12 @@ from fluidpd.cli.policy_options import (
 from fluidpd.core.types import Role
 from fluidpd.profiles import resolve_profile
 
-ENGINES = ("sim",)
-TRANSFERS = ("sim", "mooncake")
+if TYPE_CHECKING:
+    from fluidpd_sidecar.transfer_mooncake import MooncakeTransfer
+    from fluidpd_sidecar.transfer_shm import ShmTransfer
+
+ENGINES = ("sim", "gpu")
+TRANSFERS = ("sim", "mooncake", "shm")
 
 
 def add_parser(sub: Any) -> None:
@@ -38,8 +43,9 @@ def add_parser(sub: Any) -> None:
         "--kv-arena-mib",
         type=positive_int("--kv-arena-mib"),
         default=1024,
-        help="mooncake: registered host memory for KV hand-offs, MiB",
+        help="mooncake/shm: registered host memory for KV hand-offs, MiB",
     )
+    add_gpu_engine_options(p)
     p.add_argument("--model", default="llama-3.1-8b")
     p.add_argument("--gpu", default="a100-80gb")
     p.add_argument("--profile", default=None, help="profile YAML (replaces --model/--gpu)")
@@ -57,8 +63,9 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import uvicorn
+
     from fluidpd_sidecar.app import create_app
-    from fluidpd_sidecar.engine import SimEngine
+    from fluidpd_sidecar.engine import Engine, SimEngine
     from fluidpd_sidecar.service import SidecarConfig, SidecarService
     from fluidpd_sidecar.transfer import KVTransfer, SimTransfer
 
@@ -77,16 +84,41 @@ def run(args: argparse.Namespace) -> int:
         admin_token=args.admin_token or None,
         bootstrap_timeout_s=args.bootstrap_timeout,
     )
+    if args.engine == "gpu" and args.kv_transfer == "sim":
+        raise UserError("--kv-transfer: the gpu engine hands off real KV; use shm or mooncake")
     transfer: KVTransfer
+    staging: ShmTransfer | MooncakeTransfer | None = None
     if args.kv_transfer == "mooncake":
         from fluidpd_sidecar.transfer_mooncake import MooncakeTransfer
 
-        mooncake = MooncakeTransfer(hostname=args.host, arena_bytes=args.kv_arena_mib << 20)
-        transfer = mooncake
-        engine = SimEngine(profile, args.noise, args.drift, args.seed, staging=mooncake)
+        staging = MooncakeTransfer(hostname=args.host, arena_bytes=args.kv_arena_mib << 20)
+        transfer = staging
+    elif args.kv_transfer == "shm":
+        from fluidpd_sidecar.transfer_shm import ShmTransfer
+
+        staging = ShmTransfer(arena_bytes=args.kv_arena_mib << 20)
+        transfer = staging
     else:
         transfer = SimTransfer(profile.transfer_model())
-        engine = SimEngine(profile, args.noise, args.drift, args.seed)
+    engine: Engine
+    if args.engine == "gpu":
+        from fluidpd_sidecar.gpu.factory import build_engine
+
+        try:
+            engine = build_engine(
+                args.gpu_model,
+                profile,
+                Role(args.role),
+                device=args.device,
+                dtype=args.dtype,
+                seed=args.weight_seed,
+                weights_dir=args.weights,
+                staging=staging,
+            )
+        except (ValueError, FileNotFoundError) as exc:
+            raise UserError(f"--gpu-model/--weights: {exc}") from exc
+    else:
+        engine = SimEngine(profile, args.noise, args.drift, args.seed, staging=staging)
     logging.basicConfig(
         level=args.log_level.upper(), format=f"%(asctime)s {args.id} %(levelname)s %(message)s"
     )

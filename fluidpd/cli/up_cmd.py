@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from fluidpd.cli.errors import UserError
-from fluidpd.cli.options import add_float, positive_int
+from fluidpd.cli.options import add_float, add_gpu_engine_options, positive_int
 from fluidpd.cli.policy_options import (
     add_fluidrole_options,
     add_fluidtoken_options,
@@ -67,10 +67,18 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--adaptive", action="store_true")
     p.add_argument(
         "--kv-transfer",
-        choices=("sim", "mooncake"),
+        choices=("sim", "mooncake", "shm"),
         default="sim",
-        help="KV hand-off: modelled time, or real bytes over mooncake's TCP transport",
+        help="KV hand-off: modelled time, real bytes over mooncake's TCP transport, or real "
+        "bytes through shared memory (one host); the gpu engine needs mooncake or shm",
     )
+    p.add_argument(
+        "--engine",
+        choices=("sim", "gpu"),
+        default="sim",
+        help="sim: profile-timed steps; gpu: the torch transformer (all workers share --device)",
+    )
+    add_gpu_engine_options(p)
     p.add_argument("--kv-arena-mib", type=positive_int("--kv-arena-mib"), default=1024)
     p.add_argument("--pairing", choices=("round-robin", "least-loaded"), default="round-robin")
     add_float(p, "--first-token-timeout", 60.0, "router: cancel without a first token after, s")
@@ -153,6 +161,8 @@ def run(args: argparse.Namespace) -> int:
     n_prefill, n_decode = parse_pd(args.pd)
     profile = resolve_profile(args.model, args.gpu, args.profile)
     slo_config(args), fluidtoken_config(args), fluidrole_config(args)  # validate before starting
+    if args.engine == "gpu" and args.kv_transfer == "sim":
+        raise UserError("--kv-transfer: the gpu engine hands off real KV; use shm or mooncake")
     base_port = args.base_port or args.port + 101
     ports = list(range(base_port, base_port + n_prefill + n_decode))
     if args.port in ports:
@@ -192,6 +202,13 @@ def run(args: argparse.Namespace) -> int:
             if args.adaptive:
                 argv.append("--adaptive")
             argv += ["--kv-transfer", args.kv_transfer, "--kv-arena-mib", str(args.kv_arena_mib)]
+            if args.engine == "gpu":
+                argv += [
+                    "--engine", "gpu", "--gpu-model", args.gpu_model, "--device", args.device,
+                    "--dtype", args.dtype, "--weight-seed", str(args.weight_seed),
+                ]  # fmt: skip
+                if args.weights:
+                    argv += ["--weights", args.weights]
             stack.start(wid, argv, env)
             workers.append(f"{wid}=http://{args.host}:{port}")
         router = [

@@ -1,4 +1,4 @@
-"""The engine interface every backend implements (``sim`` here; ``gpu`` and ``sglang`` later).
+"""The engine interface every backend implements (``sim`` here, ``gpu`` in ``gpu/``, ``sglang``).
 
 What the scheduler needs from an engine, after the design brief: run a prefill batch (the
 prefix of one prompt), run a decode iteration (the running batch plus any stolen-suffix
@@ -66,6 +66,17 @@ class Engine(Protocol):
 
     def export_kv(self, rid: int, tokens: int) -> KVRegion | None:
         """The KV of the first ``tokens`` prompt positions, ready to send (None: no bytes)."""
+        ...
+
+    def kv_wire_bytes(self, tokens: int) -> int:
+        """Bytes a hand-off of ``tokens`` prefix positions takes (what the decode side reserves)."""
+        ...
+
+    def import_kv(
+        self, rid: int, prompt_len: int, prefix_tokens: int, view: memoryview | None
+    ) -> None:
+        """Decode side: a request's prefix KV arrived in ``view`` (None: the transport moves
+        no bytes); called before the scheduler learns of the hand-off."""
         ...
 
     def release(self, rid: int) -> None:
@@ -144,6 +155,14 @@ class SimEngine:
         self._staging.view(region.addr, len(stamp))[:] = stamp
         self._staged[rid] = region
         return region
+
+    def kv_wire_bytes(self, tokens: int) -> int:
+        return tokens * self.profile.kv.bytes_per_token
+
+    def import_kv(
+        self, rid: int, prompt_len: int, prefix_tokens: int, view: memoryview | None
+    ) -> None:
+        return None  # the stamp check in the service is all a sim engine can verify
 
     def release(self, rid: int) -> None:
         region = self._staged.pop(rid, None)

@@ -241,7 +241,8 @@ class SidecarService:
         try:
             if half is not None and not half.aborted:
                 region = self.engine.export_kv(m.rid, m.prefix_tokens)
-                await self.transfer.send(region.addr if region else None, half.dest, m.nbytes)
+                nbytes = region.nbytes if region else m.nbytes
+                await self.transfer.send(region.addr if region else None, half.dest, nbytes)
                 self.metrics.kv_sent.labels(self.cfg.worker_id).inc(m.nbytes)
                 body = Handoff(rid=m.rid, prefix_tokens=m.prefix_tokens, nbytes=m.nbytes)
                 await self.peers.post(half.decode_url, "/v1/internal/handoff", body)
@@ -428,7 +429,7 @@ class SidecarService:
         req = Request(half.rid, half.arrival, half.prompt_len, half.max_new_tokens)
         req.prefill_worker = half.prefill_worker
         state = _DecodeHalf(req, half.prefill_url)
-        state.dest = self.transfer.reserve(half.prompt_len * self.cfg.profile.kv.bytes_per_token)
+        state.dest = self.transfer.reserve(self.engine.kv_wire_bytes(half.prompt_len))
         self.decode_halves[half.rid] = state
         self.worker.decode.add(req)
         self._dispatch()
@@ -474,6 +475,15 @@ class SidecarService:
             raise NotFound(f"no decode half for request {body.rid} here")
         if half.dest is not None and body.nbytes:
             self._verify_kv(half)
+        view = getattr(self.transfer, "view", None)
+        kv = view(half.dest.addr, half.dest.nbytes) if view and half.dest else None
+        try:
+            self.engine.import_kv(body.rid, half.req.prompt_len, body.prefix_tokens, kv)
+        except ValueError as exc:
+            self.worker.decode.cancel(body.rid)
+            self._dispatch()
+            self._end_decode(body.rid, DecodeEvent(event="error", detail=f"KV import: {exc}"))
+            raise BadRequest(str(exc)) from exc
         self.worker.decode.handoff_done(body.rid, body.prefix_tokens, time.time())
         self._dispatch()
         self.wake()

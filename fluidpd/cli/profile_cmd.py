@@ -1,0 +1,238 @@
+"""``fluidpd profile``: measure the gpu engine's step times and fit a profile from them.
+
+Measures prefill, suffix-extend and decode-iteration latencies (and the KV hand-off and role
+switch) on the ``gpu`` backend, fits the profile model's coefficients
+(``fluidpd.core.profile_fit``), reports each predictor's mean relative error, and writes a
+profile YAML in the same format as the shipped ones plus a JSON report with every point.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fluidpd.cli.errors import UserError
+from fluidpd.cli.options import add_float, add_gpu_engine_options, positive_int
+
+
+class _Dumper(yaml.SafeDumper):
+    """Multi-line strings (the notes) as ``|`` blocks, like the hand-written profiles."""
+
+
+def _str(dumper: yaml.SafeDumper, text: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in text else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", text, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "profile",
+        help="measure the gpu engine and fit a profile (prefill, suffix, decode, MRE)",
+        description="Times prefill, suffix extends and decode iterations on the gpu engine, "
+        "fits the profile coefficients and writes a profile YAML and a JSON report.",
+    )
+    add_gpu_engine_options(p)
+    p.add_argument("--gpu", default="h200", help="GPU label in the profile name (default h200)")
+    p.add_argument("--name", default=None, help="profile name (default <model>-<gpu>)")
+    p.add_argument("--out", required=True, help="profile YAML to write")
+    p.add_argument("--report", default=None, help="JSON report (default: --out with .json)")
+    p.add_argument(
+        "--kv-tokens",
+        type=positive_int("--kv-tokens"),
+        default=None,
+        help="KV pool of one worker, tokens (default on CUDA: 85%% of free memory after weights)",
+    )
+    p.add_argument("--context-limit", type=positive_int("--context-limit"), default=16384)
+    p.add_argument("--max-running", type=positive_int("--max-running"), default=256)
+    p.add_argument("--quick", action="store_true", help="small grid (CPU checks, CI)")
+    p.add_argument("--repeat", type=positive_int("--repeat"), default=None)
+    add_float(p, "--max-mre", 0.10, "exit 1 if any predictor's mean relative error is above")
+    p.set_defaults(func=run)
+
+
+def _pool_tokens(args: argparse.Namespace, bytes_per_token: int, weight_bytes: int) -> int:
+    if args.kv_tokens:
+        return int(args.kv_tokens)
+    if not args.device.startswith("cuda"):
+        raise UserError("--kv-tokens: required when --device is not cuda")
+    import torch
+
+    free, _ = torch.cuda.mem_get_info()
+    spare = free * 0.85 - weight_bytes - (6 << 30)
+    if spare < bytes_per_token * args.context_limit:
+        raise UserError(f"--device: only {free >> 20} MiB free, too little for the KV pool")
+    return int(spare // bytes_per_token)
+
+
+def run(args: argparse.Namespace) -> int:
+    from fluidpd_sidecar.gpu.config import resolve_shape
+
+    try:
+        cfg = resolve_shape(args.gpu_model)
+    except ValueError as exc:
+        raise UserError(f"--gpu-model: {exc}") from exc
+    out = Path(args.out)
+    report_path = Path(args.report) if args.report else out.with_suffix(".json")
+    for path, opt in ((out, "--out"), (report_path, "--report")):
+        if path.exists() and path.is_dir():
+            raise UserError(f"{opt}: {path} is a directory")
+    return _profile(args, cfg, out, report_path)
+
+
+def _profile(args: argparse.Namespace, cfg: Any, out: Path, report_path: Path) -> int:
+    import numpy as np
+    import torch
+
+    from fluidpd.core import profile_fit as pf
+    from fluidpd.core.profile import Profile
+    from fluidpd.core.types import Role
+    from fluidpd_sidecar.gpu import profiler
+    from fluidpd_sidecar.gpu.engine import GpuEngine
+    from fluidpd_sidecar.gpu.runner import ModelRunner, RunnerOptions
+
+    esize = torch.empty(0, dtype=getattr(torch, args.dtype)).element_size()
+    bpt = cfg.kv_bytes_per_token * esize // 2
+    weight_bytes = cfg.params()["total"] * esize
+    pool = _pool_tokens(args, bpt, weight_bytes)
+    max_batch = min(args.max_running, 256)
+    if pool - 16 * max_batch < args.context_limit:
+        raise UserError(
+            f"--kv-tokens: a pool of {pool} tokens holds less than one --context-limit "
+            f"({args.context_limit}) once {max_batch} running requests' page rounding is kept"
+        )
+    opts = RunnerOptions(
+        device=args.device, dtype=args.dtype, seed=args.weight_seed, weights_dir=args.weights,
+        kv_tokens=pool, max_context=args.context_limit, max_batch=max_batch,
+    )  # fmt: skip
+    grid = profiler.quick_grid() if args.quick else profiler.Grid()
+    if args.repeat:
+        grid.repeat = args.repeat
+    t_start = time.time()
+    runner = ModelRunner(cfg, opts)
+    engine = GpuEngine(runner, Role.PREFILL)
+    print(f"{cfg.name}: weights ready in {runner.load_s:.1f} s; pool {pool} tokens", flush=True)
+    pre = profiler.measure_prefill(runner, grid)
+    suf = profiler.measure_suffix(runner, grid)
+    switch: dict[str, Any] = {
+        "first_p_to_d_s": asyncio.run(engine.switch_role(Role.DECODE)),
+        "graph_capture_s": runner.graph_stats.capture_s,
+        "graph_buckets": runner.graph_stats.buckets,
+    }
+    dec = profiler.measure_decode(runner, grid)
+    switch["d_to_p_s"] = asyncio.run(engine.switch_role(Role.PREFILL))
+    switch["p_to_d_s"] = asyncio.run(engine.switch_role(Role.DECODE))
+    switch["weights_unmoved"] = all(s["weights_unmoved"] for s in engine.stats.switches)
+    xfer = profiler.measure_transfer(runner, grid)
+
+    def arr(rows: list[dict[str, float]], key: str) -> Any:
+        return np.array([r[key] for r in rows], dtype=np.float64)
+
+    try:
+        f_pre = pf.fit_quadratic(arr(pre, "tokens"), arr(pre, "s"))
+        f_suf = pf.fit_quadratic(arr(suf, "tokens"), arr(suf, "s"))
+        f_dec = pf.fit_decode(arr(dec, "batch"), arr(dec, "context"), arr(dec, "s"))
+        f_xfer = pf.fit_transfer(arr(xfer, "bytes"), arr(xfer, "s"))
+    except ValueError as exc:
+        raise UserError(f"--quick/--context-limit: cannot fit: {exc}") from exc
+    gpu_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
+    name = args.name or f"{cfg.name}-{args.gpu}"
+    mre = {"prefill": f_pre.mre, "suffix": f_suf.mre, "decode": f_dec.mre}
+    data: dict[str, Any] = {
+        "name": name,
+        "model": cfg.name,
+        "gpu": args.gpu,
+        "context_limit": args.context_limit,
+        "max_running_requests": max_batch,
+        "typical_context_tokens": 2048,
+        "prefill": {
+            "c1_ms_per_token": f_pre.coef[1] * 1e3,
+            "c0_ms": f_pre.coef[2] * 1e3,
+            "c2_ms_per_token2": f_pre.coef[0] * 1e3,
+        },
+        "suffix": {
+            "s1_ms_per_token": f_suf.coef[1] * 1e3,
+            "s0_ms": f_suf.coef[2] * 1e3,
+            "s2_ms_per_token2": f_suf.coef[0] * 1e3,
+        },
+        "decode": {
+            "a_c_ms_per_token": f_dec.coef[0] * 1e3,
+            "a_n_ms_per_request": f_dec.coef[1] * 1e3,
+            "a_0_ms": max(f_dec.coef[2] * 1e3, 1e-6),
+        },
+        "kv": {
+            "capacity_tokens": pool - opts.page_size * max_batch,
+            "bytes_per_token": bpt,
+            "reserve_output_clip": 4096,
+        },
+        "transfer": {
+            "bandwidth_gb_per_s": 1e-9 / f_xfer.coef[0],
+            "base_latency_ms": f_xfer.coef[1] * 1e3,
+        },
+        "switch": {
+            "to_decode_ms": switch["p_to_d_s"] * 1e3,
+            "to_prefill_ms": switch["d_to_p_s"] * 1e3,
+        },
+        "sources": [
+            f"fluidpd profile (measured on {gpu_name}, {time.strftime('%Y-%m-%d')}): "
+            f"gpu engine, {cfg.name} shape, {args.dtype}, "
+            + ("seeded weights" if not args.weights else "safetensors weights"),
+            "shapes: see worker-sidecar/fluidpd_sidecar/gpu/config.py and profiles/README.md",
+        ],
+        "notes": (
+            "Measured and fitted by `fluidpd profile` (relative least squares, coefficients"
+            " >= 0).\n"
+            f"Mean relative error: prefill {f_pre.mre:.3f} (max {f_pre.max_re:.3f}, "
+            f"{f_pre.n} points), suffix {f_suf.mre:.3f} (max {f_suf.max_re:.3f}, {f_suf.n}), "
+            f"decode {f_dec.mre:.3f} (max {f_dec.max_re:.3f}, {f_dec.n}).\n"
+            f"Transfer: shm hand-off through pinned host memory (stage + copy + load), "
+            f"MRE {f_xfer.mre:.3f}.\n"
+            f"Switch: in place, weights unmoved; decode CUDA graphs captured on the first "
+            f"switch to decode ({switch['graph_capture_s'] * 1e3:.0f} ms, "
+            f"{len(switch['graph_buckets'])} batch buckets) and kept; to_decode_ms is a later "
+            f"switch with the graphs cached.\n"
+            f"KV capacity: the pool of {pool} tokens less one page per running request.\n"
+        ),
+    }
+    profile = Profile.model_validate(data)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    header = f"# {name}: measured by `fluidpd profile` on the gpu engine; see notes.\n"
+    out.write_text(
+        header + yaml.dump(profile.model_dump(), Dumper=_Dumper, sort_keys=False, width=100)
+    )
+    report = {
+        "profile": name,
+        "device": gpu_name,
+        "shape": cfg.to_json(),
+        "dtype": args.dtype,
+        "pool_tokens": pool,
+        "mre": mre,
+        "max_re": {"prefill": f_pre.max_re, "suffix": f_suf.max_re, "decode": f_dec.max_re},
+        "transfer_mre": f_xfer.mre,
+        "prefill": pre,
+        "suffix": suf,
+        "decode": dec,
+        "transfer": xfer,
+        "switch": switch,
+        "wall_s": time.time() - t_start,
+    }
+    report_path.parent.mkdir(parents=True, exist_ok=True)
+    report_path.write_text(json.dumps(report, indent=1) + "\n")
+    print(
+        f"{name}: MRE prefill {f_pre.mre:.1%}, suffix {f_suf.mre:.1%}, decode {f_dec.mre:.1%}; "
+        f"wrote {out} and {report_path}",
+        flush=True,
+    )
+    worst = max(mre.values())
+    if worst > args.max_mre:
+        print(f"fluidpd profile: MRE {worst:.1%} is above --max-mre {args.max_mre:.0%}")
+        return 1
+    return 0
