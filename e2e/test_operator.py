@@ -1,0 +1,412 @@
+"""The operator on the real test control plane: kubectl apply / get / scale, an in-place role
+switch driven by load through the router, an operator killed mid-drain, validation of bad
+objects, and the capacity fallback out and back in.
+
+Each test runs its own ``fluidpd operator --namespace <ns>`` process against the shared plane;
+the fake kubelet runs the worker and router pods as local sidecar and router processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from fluidpd.drills.load import LoadReport, OpenLoopLoad
+from harness import ControlPlane, FakeKubelet, wait_for
+from harness.controlplane import KubectlError
+
+pytestmark = pytest.mark.k8s
+
+ROOT = Path(__file__).resolve().parents[1]
+CRD = ROOT / "crds" / "fluidpd.io_fluidpddeployments.yaml"
+MODEL = "llama-3.1-8b"
+ROLE = "fluidpd.io/role"
+
+
+@pytest.fixture(scope="module")
+def crd(control_plane: ControlPlane) -> None:
+    control_plane.kubectl("apply", "--server-side", "-f", str(CRD))
+    control_plane.kubectl(
+        "wait", "--for=condition=Established", "crd/fluidpddeployments.fluidpd.io", "--timeout=60s"
+    )
+
+
+class Operator:
+    """A ``fluidpd operator`` process watching one namespace."""
+
+    def __init__(self, cp: ControlPlane, namespace: str, log: Path) -> None:
+        self.cp = cp
+        self.namespace = namespace
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = dict(os.environ, KUBECONFIG=str(self.cp.kubeconfig), FLUIDPD_RESYNC_SECONDS="5")
+        exe = Path(sys.executable).with_name("fluidpd")
+        argv = [str(exe), "operator", "--namespace", self.namespace, "--standalone"]
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [*argv, "--log-level", "info"], env=env, stdout=out, stderr=subprocess.STDOUT
+            )
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, no goodbye, like a node failure."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+        self.proc = None
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+            self.proc = None
+
+    def tail(self, n: int = 6000) -> str:
+        return self.log.read_text(errors="replace")[-n:] if self.log.exists() else ""
+
+
+@pytest.fixture
+def operator(
+    control_plane: ControlPlane,
+    kubelet: FakeKubelet,
+    crd: None,
+    namespace: str,
+    tmp_path: Path,
+) -> Iterator[Operator]:
+    op = Operator(control_plane, namespace, tmp_path / "operator.log")
+    op.start()
+    yield op
+    # The operator's finalizer stops its daemon cleanly; delete while it is still running.
+    if op.proc is None:
+        op.start()
+    control_plane.kubectl("delete", "fpd", "--all", "-n", namespace, "--timeout=90s", check=False)
+    op.stop()
+    # Captured by pytest: shown only when the test fails.
+    print(f"--- operator log ---\n{op.tail()}")
+
+
+# -- helpers ----------------------------------------------------------------------------------
+def kubectl_json(cp: ControlPlane, *args: str) -> Any:
+    return json.loads(cp.kubectl(*args, "-o", "json").stdout)
+
+
+def apply(cp: ControlPlane, namespace: str, doc: dict[str, Any]) -> None:
+    cp.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(doc))
+
+
+def deployment(name: str, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "fluidpd.io/v1alpha1",
+        "kind": "FluidPDDeployment",
+        "metadata": {"name": name},
+        "spec": {"model": {"name": MODEL}, **spec},
+    }
+
+
+def worker_pods(cp: ControlPlane, ns: str, name: str) -> list[dict[str, Any]]:
+    got = kubectl_json(
+        cp, "get", "pods", "-n", ns, "-l", f"fluidpd.io/deployment={name},"
+        "app.kubernetes.io/component=worker",
+    )  # fmt: skip
+    items: list[dict[str, Any]] = got["items"]
+    return [p for p in items if not p["metadata"].get("deletionTimestamp")]
+
+
+def status(cp: ControlPlane, ns: str, name: str) -> dict[str, Any]:
+    st: dict[str, Any] = kubectl_json(cp, "get", "fpd", name, "-n", ns).get("status", {})
+    return st
+
+
+def condition(st: dict[str, Any], type_: str) -> str | None:
+    for c in st.get("conditions", []):
+        if c["type"] == type_:
+            return str(c["status"])
+    return None
+
+
+def wait_ready(cp: ControlPlane, ns: str, name: str, workers: int, timeout: float = 150) -> None:
+    def ready() -> bool:
+        st = status(cp, ns, name)
+        return st.get("readyWorkers") == workers and condition(st, "Ready") == "True"
+
+    wait_for(ready, timeout=timeout, what=f"{name}: {workers} ready workers and Ready=True")
+
+
+def router_url(cp: ControlPlane, ns: str, name: str) -> str:
+    def find() -> str | None:
+        pods = kubectl_json(
+            cp, "get", "pods", "-n", ns, "-l",
+            f"fluidpd.io/deployment={name},app.kubernetes.io/component=router",
+        )["items"]  # fmt: skip
+        for p in pods:
+            ip = p.get("status", {}).get("podIP")
+            ready = any(
+                c["type"] == "Ready" and c["status"] == "True"
+                for c in p.get("status", {}).get("conditions", [])
+            )
+            if ip and ready:
+                return f"http://{ip}:8000"
+        return None
+
+    url: str = wait_for(find, timeout=90, what="a ready router pod")
+    return url
+
+
+def router_workers(url: str) -> dict[str, dict[str, Any]]:
+    with urllib.request.urlopen(f"{url}/admin/stats", timeout=5) as resp:
+        stats = json.loads(resp.read())
+    return {w["worker"]: w for w in stats["workers"]}
+
+
+def events(cp: ControlPlane, ns: str, reason: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = kubectl_json(cp, "get", "events", "-n", ns)["items"]
+    return [e for e in items if e.get("reason") == reason]
+
+
+class BackgroundLoad:
+    """An open-loop load through the router, in a thread, for ``duration_s``."""
+
+    def __init__(self, url: str, **kw: Any) -> None:
+        self.duration = kw.pop("duration_s")
+        self.load = OpenLoopLoad(url, MODEL, **kw)
+        self.report: LoadReport | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        self.report = asyncio.run(self.load.run(self.duration))
+
+    def __enter__(self) -> BackgroundLoad:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.thread.join(self.duration + 180)
+
+    def summary(self) -> dict[str, Any]:
+        self.thread.join(self.duration + 180)
+        assert self.report is not None, "the load never finished"
+        return self.report.summary(120.0)
+
+
+def restarts(pod: dict[str, Any]) -> int:
+    return int(pod["status"]["containerStatuses"][0]["restartCount"])
+
+
+# -- tests ------------------------------------------------------------------------------------
+def test_apply_get_and_scale(
+    control_plane: ControlPlane, operator: Operator, namespace: str
+) -> None:
+    cp, ns = control_plane, namespace
+    doc = yaml.safe_load((ROOT / "examples" / "sim-4p4d.yaml").read_text())
+    doc["spec"] |= {"workers": 4, "prefill": 2}
+    apply(cp, ns, doc)
+    name = doc["metadata"]["name"]
+    wait_ready(cp, ns, name, 4)
+    pods = worker_pods(cp, ns, name)
+    roles = sorted(p["metadata"]["labels"][ROLE] for p in pods)
+    assert roles == ["decode", "decode", "prefill", "prefill"]
+    for p in pods:
+        owner = p["metadata"]["ownerReferences"][0]
+        assert (owner["kind"], owner["name"], owner["controller"]) == (
+            "FluidPDDeployment", name, True,
+        )  # fmt: skip
+    services = {s["metadata"]["name"]: s for s in kubectl_json(cp, "get", "svc", "-n", ns)["items"]}
+    assert {f"{name}-prefill", f"{name}-decode", f"{name}-router"} <= set(services)
+    assert services[f"{name}-prefill"]["spec"]["selector"][ROLE] == "prefill"
+    router = kubectl_json(cp, "get", "deploy", f"{name}-router", "-n", ns)
+    assert router["metadata"]["ownerReferences"][0]["name"] == name
+    url = router_url(cp, ns, name)
+    wait_for(lambda: len(router_workers(url)) == 4, timeout=30, what="the router knows 4 workers")
+
+    table = cp.kubectl("get", "fpd", "-n", ns).stdout.splitlines()
+    assert table[0].split() == ["NAME", "P", "D", "PPI", "DPI", "READY", "AGE"], table
+    assert table[1].split()[:6] == [name, "2", "2", "0", "0", "4/4"], table
+
+    # The scale subresource: kubectl scale (what HPA and KEDA use too).
+    cp.kubectl("scale", f"fpd/{name}", "-n", ns, "--replicas=5")
+    wait_ready(cp, ns, name, 5)
+    path = f"/apis/fluidpd.io/v1alpha1/namespaces/{ns}/fluidpddeployments/{name}/scale"
+    scale = json.loads(cp.kubectl("get", "--raw", path).stdout)
+    assert scale["spec"]["replicas"] == 5 and scale["status"]["replicas"] == 5
+    assert "fluidpd.io/deployment=" + name in scale["status"]["selector"]
+    wait_for(lambda: len(router_workers(url)) == 5, timeout=30, what="the router follows")
+
+    cp.kubectl("scale", f"fpd/{name}", "-n", ns, "--replicas=3")
+    wait_for(lambda: len(worker_pods(cp, ns, name)) == 3, timeout=120, what="scale-in to 3")
+    wait_ready(cp, ns, name, 3)
+    left = worker_pods(cp, ns, name)
+    assert {p["metadata"]["labels"][ROLE] for p in left} == {"prefill", "decode"}
+    assert events(cp, ns, "WorkerRemoved")
+    wait_for(lambda: len(router_workers(url)) == 3, timeout=30, what="the router drops them")
+
+
+def _switching_deployment(name: str, **extra: Any) -> dict[str, Any]:
+    role = {"nPersist": 2, "windowSeconds": 2, "cooldownSeconds": 60, "intervalSeconds": 1}
+    return deployment(name, workers=4, prefill=1, fluidRole=role | extra)
+
+
+def _long_prompts(url: str, duration_s: float, **kw: Any) -> BackgroundLoad:
+    # Long prompts at a rate one prefill worker cannot sustain: its queue's PPI climbs.
+    args: dict[str, Any] = {"rps": 12.0, "prompt_len": (3000, 6000), "max_tokens": (2, 8)}
+    return BackgroundLoad(url, duration_s=duration_s, **(args | kw))
+
+
+def test_workload_shift_switches_a_worker_in_place(
+    control_plane: ControlPlane, operator: Operator, namespace: str
+) -> None:
+    cp, ns, name = control_plane, namespace, "shift"
+    apply(cp, ns, _switching_deployment(name))
+    wait_ready(cp, ns, name, 4)
+    url = router_url(cp, ns, name)
+    wait_for(lambda: len(router_workers(url)) == 4, timeout=30, what="the router knows 4 workers")
+    before = {p["metadata"]["name"]: p for p in worker_pods(cp, ns, name)}
+
+    with _long_prompts(url, 30.0) as load:
+        done = wait_for(lambda: events(cp, ns, "SwitchCompleted"), timeout=90,
+                        what="a SwitchCompleted event")  # fmt: skip
+    summary = load.summary()
+    switched = done[0]["involvedObject"]["name"]
+    assert before[switched]["metadata"]["labels"][ROLE] == "decode"
+    after = {p["metadata"]["name"]: p for p in worker_pods(cp, ns, name)}
+    pod = after[switched]
+    # In place: the same pod object and process, its label flipped.
+    assert pod["metadata"]["uid"] == before[switched]["metadata"]["uid"]
+    assert restarts(pod) == restarts(before[switched]) == 0
+    assert pod["metadata"]["labels"][ROLE] == "prefill"
+    assert "fluidpd.io/desired-role" not in pod["metadata"].get("annotations", {})
+    # The per-role Service follows the label; the router follows the sidecar.
+    assert router_workers(url)[switched]["role"] == "prefill"
+    assert events(cp, ns, "SwitchStarted")
+    st = status(cp, ns, name)
+    assert (st["prefill"], st["decode"]) == (2, 2)
+    assert st["lastSwitch"]["pod"] == switched and st["lastSwitch"]["to"] == "prefill"
+    # No request lost to the switch.
+    assert summary["hung"] == 0
+    assert summary["completed"] == summary["sent"], summary
+
+
+def test_operator_killed_mid_drain_completes_the_switch(
+    control_plane: ControlPlane, operator: Operator, namespace: str
+) -> None:
+    cp, ns, name = control_plane, namespace, "restart"
+    # wait drain: the decode worker finishes its in-flight (long) outputs before switching.
+    apply(cp, ns, _switching_deployment(name, drainMode="wait"))
+    wait_ready(cp, ns, name, 4)
+    url = router_url(cp, ns, name)
+    wait_for(lambda: len(router_workers(url)) == 4, timeout=30, what="the router knows 4 workers")
+
+    def draining() -> str | None:
+        for p in worker_pods(cp, ns, name):
+            if p["metadata"].get("annotations", {}).get("fluidpd.io/desired-role"):
+                w = router_workers(url).get(p["metadata"]["name"], {})
+                if w.get("state") == "drain":
+                    return str(p["metadata"]["name"])
+        return None
+
+    long_outputs = BackgroundLoad(url, duration_s=40.0, rps=2.0, prompt_len=(100, 300),
+                                  max_tokens=(300, 500), seed=1)  # fmt: skip
+    with long_outputs, _long_prompts(url, 40.0) as load:
+        victim = wait_for(draining, timeout=90, what="a worker draining for a switch", interval=0.2)
+        operator.kill()
+        uid = next(p for p in worker_pods(cp, ns, name) if p["metadata"]["name"] == victim)[
+            "metadata"
+        ]["uid"]
+        # With nobody to flip it, the label stays while the sidecar finishes on its own.
+        wait_for(lambda: router_workers(url)[victim]["role"] == "prefill", timeout=120,
+                 what="the sidecar to finish its switch")  # fmt: skip
+        pod = next(p for p in worker_pods(cp, ns, name) if p["metadata"]["name"] == victim)
+        assert pod["metadata"]["labels"][ROLE] == "decode"
+        operator.start()
+
+        def flipped() -> bool:
+            p = next(p for p in worker_pods(cp, ns, name) if p["metadata"]["name"] == victim)
+            return p["metadata"]["labels"][ROLE] == "prefill" and not p["metadata"].get(
+                "annotations", {}
+            ).get("fluidpd.io/desired-role")
+
+        wait_for(flipped, timeout=60, what="the restarted operator to finish the switch")
+    pod = next(p for p in worker_pods(cp, ns, name) if p["metadata"]["name"] == victim)
+    assert pod["metadata"]["uid"] == uid and restarts(pod) == 0
+    assert events(cp, ns, "SwitchResumed") and events(cp, ns, "SwitchCompleted")
+    wait_for(lambda: condition(status(cp, ns, name), "Progressing") == "False", timeout=30,
+             what="nothing left in progress")  # fmt: skip
+    for s in (load.summary(), long_outputs.summary()):
+        assert s["hung"] == 0 and s["completed"] == s["sent"], s
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"slo": {"ttftSeconds": 0}}, "spec.slo.ttftSeconds"),
+        ({"slo": {"tpotSeconds": -1}}, "spec.slo.tpotSeconds"),
+        ({"workers": 2, "minPrefill": 2, "minDecode": 1},
+         "minPrefill + minDecode must not exceed workers"),
+        ({"engine": {"backend": "vllm"}}, 'Unsupported value: "vllm"'),
+        ({"fluidToken": {"eta": -0.5}}, "spec.fluidToken.eta"),
+        ({"fluidRole": {"ppiLow": 2.0, "ppiHigh": 1.0}},
+         "fluidRole.ppiLow must not exceed fluidRole.ppiHigh"),
+        ({"autoscaling": {"enabled": True, "maxWorkers": 4}, "workers": 8},
+         "autoscaling.maxWorkers must be at least workers"),
+        ({"fluidRole": {"drainMode": "abort"}}, 'Unsupported value: "abort"'),
+    ],
+)  # fmt: skip
+def test_invalid_objects_are_rejected(
+    control_plane: ControlPlane, crd: None, namespace: str, spec: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(KubectlError) as err:
+        apply(control_plane, namespace, deployment("bad", **spec))
+    assert message in err.value.stderr, err.value.stderr
+    assert 'The FluidPDDeployment "bad" is invalid' in err.value.stderr
+
+
+def test_capacity_fallback_scales_out_and_back_in(
+    control_plane: ControlPlane, operator: Operator, namespace: str
+) -> None:
+    cp, ns, name = control_plane, namespace, "fallback"
+    apply(cp, ns, deployment(
+        name, workers=2, prefill=1,
+        fluidRole={"nPersist": 2, "windowSeconds": 2, "intervalSeconds": 1},
+        autoscaling={"enabled": True, "maxWorkers": 3, "scaleOutAfterSeconds": 3,
+                     "scaleInAfterSeconds": 6},
+    ))  # fmt: skip
+    wait_ready(cp, ns, name, 2)
+    url = router_url(cp, ns, name)
+    wait_for(lambda: len(router_workers(url)) == 2, timeout=30, what="the router knows 2 workers")
+
+    # 1P1D: FluidRole cannot move a worker (a pool of one spares none), so prefill pressure is
+    # needs-capacity, and the fallback adds a worker of the more pressured phase.
+    with _long_prompts(url, 25.0, rps=10.0) as heavy:
+        wait_for(lambda: events(cp, ns, "ScaledOut"), timeout=90, what="a ScaledOut event")
+        wait_ready(cp, ns, name, 3)
+        assert status(cp, ns, name)["autoscaledWorkers"] == 1
+        wait_for(lambda: len(router_workers(url)) == 3, timeout=30, what="the router follows")
+    assert heavy.summary()["hung"] == 0
+    # Light load while it scales back in: nothing may be dropped by the removal.
+    with BackgroundLoad(url, duration_s=30.0, rps=1.0, prompt_len=(100, 400),
+                        max_tokens=(20, 60), seed=2) as light:  # fmt: skip
+        wait_for(lambda: events(cp, ns, "WorkerRemoved"), timeout=90, what="a WorkerRemoved")
+        wait_for(lambda: len(worker_pods(cp, ns, name)) == 2, timeout=60, what="2 workers again")
+    summary = light.summary()
+    assert summary["hung"] == 0 and summary["completed"] == summary["sent"], summary
+    st = status(cp, ns, name)
+    assert st["autoscaledWorkers"] == 0
+    assert condition(st, "CapacityExhausted") == "False"
+    # Never above maxWorkers.
+    assert max(len(worker_pods(cp, ns, name)), st["workers"]) <= 3
