@@ -6,7 +6,7 @@
 - `kubelet` (session): a `harness.FakeKubelet` on that plane (node `fluidpd-fake-node`);
   `.logs(pod)`, `.dump(namespace)`, `.pod_ip(pod, ns)`, `.pid(pod, ns)`.
 - `namespace` (function): a fresh namespace (its `default` ServiceAccount ready), deleted after
-  the test (waiting for its pods to go).
+  the test (waiting until its pods are gone, not for the namespace object itself).
 - `k8s_api` (session): an admin `kubernetes.client.ApiClient`.
 
 A failing test that used `kubelet` gets the pod output (and the control plane's log tails) in its
@@ -62,20 +62,20 @@ def namespace(
     )
     yield name
     try:
+        # Pods first, directly: the namespace controller gets to them only after a while.
+        core.delete_collection_namespaced_pod(name)
         core.delete_namespace(name)
     except ApiException as e:
         if e.status != 404:
             raise
 
-    def gone() -> bool:
-        try:
-            core.read_namespace(name)
-        except ApiException as e:
-            return e.status == 404
-        return False
-
-    # Leave no pod processes behind for the next test: the namespace goes once its pods have.
-    wait_for(gone, timeout=120, what=f"namespace {name} to be deleted")
+    # Leave no pod processes behind for the next test; the namespace itself goes in the
+    # background (the namespace controller takes its time over the empty husk).
+    wait_for(
+        lambda: not core.list_namespaced_pod(name).items,
+        timeout=120,
+        what=f"the pods of namespace {name} to be deleted",
+    )
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -302,7 +302,8 @@ def test_env_resolution(kubelet: FakeKubelet, k8s_api: Any, namespace: str) -> N
     assert seen["CFG_mode"] == "fast"
     assert seen["CFG_level"] == "7"
     assert seen["HOSTNAME"] == "envy"
-    assert "KUBECONFIG" not in seen
+    # Not the admin's: the pod's own service-account kubeconfig.
+    assert seen["KUBECONFIG"].startswith(str(kubelet.work_dir))
     assert "['-c', 'prefill', '$(MY_ROLE)', '$(UNDEFINED)']" in out
 
 
@@ -402,3 +403,47 @@ def test_node_identity_is_limited_by_the_node_authorizer(
         client.CoreV1Api(node).read_namespaced_secret("unrelated", namespace)
     assert denied.value.status == 403
     node.close()
+
+
+def test_service_account_kubeconfig_acts_under_the_pods_rbac(
+    control_plane: ControlPlane, kubelet: FakeKubelet, k8s_api: Any, namespace: str
+) -> None:
+    core, rbac = client.CoreV1Api(k8s_api), client.RbacAuthorizationV1Api(k8s_api)
+    core.create_namespaced_service_account(namespace, {"metadata": {"name": "reader"}})
+    core.create_namespaced_config_map(namespace, {"metadata": {"name": "visible"}})
+    rbac.create_namespaced_role(
+        namespace,
+        {
+            "metadata": {"name": "read-configmaps"},
+            "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}],
+        },
+    )
+    rbac.create_namespaced_role_binding(
+        namespace,
+        {
+            "metadata": {"name": "reader"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": "read-configmaps",
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": namespace}],
+        },
+    )
+    kubectl = str(control_plane.bin_dir / "kubectl")
+    script = (
+        f"{kubectl} get configmap visible -o name && "
+        f"{kubectl} auth whoami -o jsonpath='{{.status.userInfo.username}}{{\"\\n\"}}' && "
+        f"! {kubectl} get secrets"
+    )
+    spec = _pod_spec(["sh", "-c", script], restartPolicy="Never", serviceAccountName="reader")
+    _create_pod(core, namespace, "as-reader", spec)
+    wait_for(
+        lambda: core.read_namespaced_pod("as-reader", namespace).status.phase == "Succeeded",
+        timeout=60,
+        what=lambda: kubelet.dump(namespace),
+    )
+    out = kubelet.logs("as-reader", namespace)
+    assert "configmap/visible" in out
+    assert f"system:serviceaccount:{namespace}:reader" in out
+    assert "forbidden" in out

@@ -12,6 +12,7 @@ kubeconfigs) lives in one temporary directory that is removed on exit unless `ke
 
 from __future__ import annotations
 
+import base64
 import datetime
 import ipaddress
 import logging
@@ -252,11 +253,8 @@ class ControlPlane:
                     [
                         str(bin_dir / "kube-scheduler"),
                         f"--kubeconfig={self.workdir / 'kube-scheduler.kubeconfig'}",
-                        f"--authentication-kubeconfig={self.workdir / 'kube-scheduler.kubeconfig'}",
-                        f"--authorization-kubeconfig={self.workdir / 'kube-scheduler.kubeconfig'}",
                         "--leader-elect=false",
-                        "--bind-address=127.0.0.1",
-                        f"--secure-port={free_port()}",
+                        "--secure-port=0",
                         "--v=1",
                     ],
                 )
@@ -341,10 +339,15 @@ class ControlPlane:
         config.api_key_prefix = {"authorization": "Bearer"}
         return client.ApiClient(config)
 
-    def write_kubeconfig(self, path: Path, token: str, user: str = "user") -> Path:
-        """A kubeconfig for this plane authenticating with token (e.g. a tokens[...] entry)."""
+    def write_kubeconfig(
+        self, path: Path, token: str, user: str = "user", namespace: str | None = None
+    ) -> Path:
+        """A kubeconfig for this plane authenticating with token (e.g. a tokens[...] entry),
+        its context in namespace when given."""
         ca_data = self.ca_file.read_bytes()
-        import base64  # noqa: PLC0415
+        context: dict[str, str] = {"cluster": "fluidpd-e2e", "user": user}
+        if namespace:
+            context["namespace"] = namespace
 
         doc = {
             "apiVersion": "v1",
@@ -359,7 +362,7 @@ class ControlPlane:
                 }
             ],
             "users": [{"name": user, "user": {"token": token}}],
-            "contexts": [{"name": user, "context": {"cluster": "fluidpd-e2e", "user": user}}],
+            "contexts": [{"name": user, "context": context}],
             "current-context": user,
         }
         path.write_text(yaml.safe_dump(doc, sort_keys=False))

@@ -9,7 +9,11 @@ container's `command + args` as a local process:
 - env is resolved as the real kubelet does: `value` (with `$(VAR)` expansion), `valueFrom`
   fieldRef / resourceFieldRef / secretKeyRef / configMapKeyRef, and `envFrom`; `$(VAR)` in
   command and args is expanded the Kubernetes way (`$$` escapes, unknown refs stay as written);
-  the process inherits this process's environment underneath, minus KUBECONFIG;
+  the process inherits this process's environment underneath, minus KUBECONFIG, with this
+  interpreter's bin dir first on PATH;
+- a container that mounts the service-account token gets KUBECONFIG pointing at a kubeconfig
+  with a token bound to the pod (TokenRequest), so API clients in it act as the pod's
+  ServiceAccount (in-cluster config itself can't work: nothing is at /var/run/secrets);
 - `fluidpd` (or any path ending in /fluidpd) runs the `fluidpd` of this interpreter's bin dir,
   `python`/`python3` run this interpreter, anything else runs if found on PATH; with no command,
   `image_entrypoints` (image repository -> entrypoint) may supply one; otherwise the container
@@ -72,6 +76,7 @@ SYNC_PERIOD = 0.5
 HEARTBEAT_PERIOD = 10.0
 MAX_GRACE = 10.0
 MAX_BACKOFF = 8.0
+SA_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 
 DEFAULT_CAPACITY: Mapping[str, str] = {
@@ -280,10 +285,12 @@ class FakeKubelet:
         self._wake.set()
         resp = self._watch_resp
         if resp is not None:
+            # Unblock the watch thread's read. (resp.close() would wait for the reader.)
             with contextlib.suppress(Exception):
-                resp.close()
+                resp.connection.sock.shutdown(socket.SHUT_RDWR)
         for thread in self._threads:
-            thread.join(timeout=20.0)
+            # The watch thread is a daemon; at worst it notices at the watch's timeout.
+            thread.join(timeout=2.0 if thread.name.endswith("watch") else 20.0)
         self._threads.clear()
         with contextlib.suppress(Exception):
             self._core.patch_node_status(
@@ -486,7 +493,7 @@ class FakeKubelet:
                     watch=True,
                     resource_version=rv,
                     allow_watch_bookmarks=True,
-                    timeout_seconds=60,
+                    timeout_seconds=30,
                     _preload_content=False,
                     _request_timeout=(5, 90),
                 )
@@ -643,8 +650,11 @@ class FakeKubelet:
     def _start_container(
         self, core: client.CoreV1Api, pod: Obj, container: Obj, state: _PodState, now: float
     ) -> None:
+        pod_dir = self.work_dir / f"{state.namespace}_{state.name}_{state.uid[:8]}"
+        pod_dir.mkdir(parents=True, exist_ok=True)
         try:
             env = self._resolve_env(core, pod, container, state)
+            kubeconfig = self._service_account_kubeconfig(core, pod, container, pod_dir)
         except (ConfigError, ApiException) as e:
             message = e.reason if isinstance(e, ApiException) else str(e)
             state.waiting = ("CreateContainerConfigError", str(message))
@@ -658,13 +668,17 @@ class FakeKubelet:
         if state.starts > 0:
             state.restart_count += 1
         state.starts += 1
-        cwd = self.work_dir / f"{state.namespace}_{state.name}_{state.uid[:8]}"
+        cwd = pod_dir
         workdir = container.get("workingDir")
         if workdir and Path(workdir).is_dir():
             cwd = Path(workdir)
-        cwd.mkdir(parents=True, exist_ok=True)
         proc_env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
+        # `sh -c 'exec fluidpd ...'` finds this interpreter's fluidpd first.
+        bin_dir = str(Path(sys.executable).parent)
+        proc_env["PATH"] = os.pathsep.join([bin_dir, proc_env.get("PATH", "/usr/bin:/bin")])
         proc_env["HOSTNAME"] = state.name
+        if kubeconfig is not None:
+            proc_env["KUBECONFIG"] = str(kubeconfig)
         proc_env.update(env)
         _note(state, f"start #{state.starts} on {state.ip}: {' '.join(argv)}")
         try:
@@ -681,6 +695,53 @@ class FakeKubelet:
         state.probe_failures = 0
         probe = container.get("readinessProbe") or {}
         state.next_probe = now + float(probe.get("initialDelaySeconds", 0))
+
+    def _service_account_kubeconfig(
+        self, core: client.CoreV1Api, pod: Obj, container: Obj, pod_dir: Path
+    ) -> Path | None:
+        """Where the real kubelet would mount the pod's service-account token, a kubeconfig.
+
+        When the container mounts /var/run/secrets/kubernetes.io/serviceaccount (the
+        ServiceAccount admission plugin adds it unless automounting is off), request a token
+        bound to the pod and write it, ca.crt and namespace under pod_dir/serviceaccount plus
+        a kubeconfig using them: the process gets KUBECONFIG pointing at it, so clients that
+        fall back from in-cluster config to KUBECONFIG (kopf, kubernetes.config.load_config)
+        act as the pod's ServiceAccount, under its RBAC.
+        """
+        mounts = {m.get("mountPath") for m in container.get("volumeMounts") or []}
+        if SA_MOUNT not in mounts:
+            return None
+        meta, spec = pod["metadata"], pod["spec"]
+        account = spec.get("serviceAccountName") or "default"
+        request = core.create_namespaced_service_account_token(
+            account,
+            meta["namespace"],
+            {
+                "apiVersion": "authentication.k8s.io/v1",
+                "kind": "TokenRequest",
+                "spec": {
+                    "expirationSeconds": 86400,
+                    "boundObjectRef": {
+                        "apiVersion": "v1",
+                        "kind": "Pod",
+                        "name": meta["name"],
+                        "uid": meta["uid"],
+                    },
+                },
+            },
+        )
+        token = request.status.token
+        sa_dir = pod_dir / "serviceaccount"
+        sa_dir.mkdir(exist_ok=True)
+        (sa_dir / "token").write_text(token)
+        (sa_dir / "namespace").write_text(meta["namespace"])
+        (sa_dir / "ca.crt").write_bytes(self._control_plane.ca_file.read_bytes())
+        return self._control_plane.write_kubeconfig(
+            pod_dir / "kubeconfig",
+            token,
+            f"system:serviceaccount:{meta['namespace']}:{account}",
+            namespace=meta["namespace"],
+        )
 
     def _argv(self, container: Obj, env: Mapping[str, str]) -> list[str] | str:
         """The argv to run, or why there is none."""
