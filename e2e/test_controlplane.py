@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,7 +15,7 @@ from kubernetes.client.rest import ApiException
 
 from harness import ControlPlane, FakeKubelet, wait_for
 from harness.controlplane import DEFAULT_NODE, UNPRIVILEGED_USER
-from harness.kubelet import expand
+from harness.kubelet import _AddressLeases, expand
 
 pytestmark = pytest.mark.k8s
 
@@ -85,6 +86,18 @@ def test_expand_like_kubernetes() -> None:
     assert expand("$(A", env) == "$(A"
     assert expand("a$", env) == "a$"
     assert expand("$x$(A)", env) == "$x1"
+
+
+def test_pod_addresses_are_not_shared_between_kubelets(tmp_path: Path) -> None:
+    first, second = _AddressLeases(tmp_path), _AddressLeases(tmp_path)
+    a, b = first.acquire(), first.acquire()
+    c = second.acquire()
+    assert (a, b) == ("127.0.0.2", "127.0.0.3")
+    assert c == "127.0.0.4"
+    first.release(a)
+    assert second.acquire() == a
+    first.release_all()
+    second.release_all()
 
 
 def test_api_server_answers_and_rbac_denies_unprivileged(

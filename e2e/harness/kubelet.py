@@ -4,7 +4,8 @@ It registers the Node `fluidpd-fake-node` (Ready; 64 CPUs, 256Gi, 110 pods, 8 nv
 keeps its Lease and Ready heartbeat fresh, and for every pod bound to it runs the pod's FIRST
 container's `command + args` as a local process:
 
-- each pod gets its own address 127.0.0.N (N from 2 up, reused after the pod is gone);
+- each pod gets its own address 127.0.0.N (N from 2 up, reused after the pod is gone; held
+  under a file lock, so concurrent test sessions on one machine never share one);
   `hostNetwork` pods get 127.0.0.1;
 - env is resolved as the real kubelet does: `value` (with `$(VAR)` expansion), `valueFrom`
   fieldRef / resourceFieldRef / secretKeyRef / configMapKeyRef, and `envFrom`; `$(VAR)` in
@@ -36,6 +37,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import datetime
+import fcntl
 import json
 import logging
 import math
@@ -46,6 +48,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -171,6 +174,41 @@ def retry_conflicts(fn: Callable[[], T], attempts: int = 10) -> T:
     raise AssertionError("unreachable")
 
 
+class _AddressLeases:
+    """Pod addresses 127.0.0.N (N from 2 up, reused once free). Each is held through an
+    flock'ed file, so that fake kubelets of concurrent test sessions on one machine never
+    hand out the same address (their pods would fight over ports)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._held: dict[str, int] = {}
+
+    def acquire(self) -> str:
+        n = 2
+        while True:
+            ip = f"127.{(n >> 16) & 255}.{(n >> 8) & 255}.{n & 255}"
+            if n & 255 not in (0, 255) and ip not in self._held:
+                fd = os.open(self.dir / f"{ip}.lock", os.O_CREAT | os.O_RDWR, 0o666)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    os.close(fd)
+                else:
+                    self._held[ip] = fd
+                    return ip
+            n += 1
+
+    def release(self, ip: str) -> None:
+        fd = self._held.pop(ip, None)
+        if fd is not None:
+            os.close(fd)
+
+    def release_all(self) -> None:
+        for ip in list(self._held):
+            self.release(ip)
+
+
 @dataclass
 class _PodState:
     uid: str
@@ -242,6 +280,7 @@ class FakeKubelet:
         self._node_uid = ""
         self._synced = threading.Event()
         self._deletes_sent: dict[str, float] = {}  # uid -> when, sync thread only
+        self._addresses = _AddressLeases(Path(tempfile.gettempdir()) / "fluidpd-fake-kubelet-ips")
 
     def _client(self) -> Any:
         """A fresh ApiClient as the node (one per thread)."""
@@ -565,6 +604,7 @@ class FakeKubelet:
         if state.proc is not None:
             procs.stop(state.proc, grace=0.5)
             _note(state, f"pod removed from the API; process {state.proc.pid} stopped")
+        self._addresses.release(state.ip)
 
     def _stop_all(self) -> None:
         with self._lock:
@@ -576,15 +616,7 @@ class FakeKubelet:
         for state in running:
             if state.proc is not None:
                 procs.stop(state.proc, grace=max(0.0, deadline - time.monotonic()))
-
-    def _allocate_ip(self) -> str:
-        used = {s.ip for s in self._states.values()}
-        n = 2
-        while True:
-            ip = f"127.{(n >> 16) & 255}.{(n >> 8) & 255}.{n & 255}"
-            if n & 255 not in (0, 255) and ip not in used:
-                return ip
-            n += 1
+        self._addresses.release_all()
 
     def _sync_pod(self, core: client.CoreV1Api, pod: Obj) -> None:
         meta, spec = pod["metadata"], pod["spec"]
@@ -596,7 +628,7 @@ class FakeKubelet:
         if state is None:
             if pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
                 return  # finished before this kubelet started
-            ip = "127.0.0.1" if spec.get("hostNetwork") else self._allocate_ip()
+            ip = "127.0.0.1" if spec.get("hostNetwork") else self._addresses.acquire()
             state = _PodState(
                 uid=uid,
                 namespace=meta["namespace"],
