@@ -131,7 +131,7 @@ class ControlPlane:
         controller_manager: bool = True,
         scheduler: bool = True,
         node_names: Sequence[str] = (DEFAULT_NODE,),
-        startup_timeout: float = 60.0,
+        startup_timeout: float = 120.0,
     ) -> None:
         self._bin_dir = bin_dir
         self._workdir_arg = workdir

@@ -280,6 +280,7 @@ class FakeKubelet:
         self._node_uid = ""
         self._synced = threading.Event()
         self._deletes_sent: dict[str, float] = {}  # uid -> when, sync thread only
+        self.status_writes = 0  # pod status patches sent (a test sees it settle)
         self._addresses = _AddressLeases(Path(tempfile.gettempdir()) / "fluidpd-fake-kubelet-ips")
 
     def _client(self) -> Any:
@@ -996,8 +997,11 @@ class FakeKubelet:
         else:
             reason, message = state.waiting or ("ContainerCreating", "")
             status["state"] = {"waiting": {"reason": reason, "message": message}}
-        if state.last_terminated is not None:
-            status["lastState"] = {"terminated": state.last_terminated}
+        # As the API server stores it (an empty lastState included), so that a status the API
+        # already shows is not written again.
+        status["lastState"] = (
+            {"terminated": state.last_terminated} if state.last_terminated is not None else {}
+        )
         return status
 
     def _write_status(self, core: client.CoreV1Api, pod: Obj, state: _PodState, now: float) -> None:
@@ -1018,6 +1022,7 @@ class FakeKubelet:
                     "restartCount": 0,
                     "ready": False,
                     "started": False,
+                    "lastState": {},
                     "state": {
                         "waiting": {
                             "reason": "NotRunLocally",
@@ -1068,6 +1073,7 @@ class FakeKubelet:
             raise
         state.last_patch = managed
         state.last_patch_mono = now
+        self.status_writes += 1
 
     # -- deletion ----------------------------------------------------------------------------
 
