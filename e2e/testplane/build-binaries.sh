@@ -14,6 +14,10 @@ ROOT="$CACHE/testplane/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-helm-$HELM_VERSION"
 BIN="$ROOT/bin"
 SRC="$ROOT/src"
 mkdir -p "$BIN" "$SRC"
+# One build at a time per cache (two test sessions starting cold would race otherwise).
+if [ -z "${FLUIDPD_TESTPLANE_LOCKED:-}" ] && command -v flock >/dev/null 2>&1; then
+  FLUIDPD_TESTPLANE_LOCKED=1 exec flock "$ROOT/.build.lock" sh "$0" "$@"
+fi
 export GOFLAGS=-mod=mod
 export CGO_ENABLED=0
 minor=$(echo "$K8S_VERSION" | cut -d. -f2)
