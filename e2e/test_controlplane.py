@@ -127,6 +127,7 @@ def test_api_server_answers_and_rbac_denies_unprivileged(
     )
     assert can_i.stdout.strip() == "no"
     assert control_plane.kubectl("auth", "can-i", "create", "deployments").stdout.strip() == "yes"
+    assert control_plane.helm("list", "--all-namespaces").returncode == 0
 
 
 def test_node_is_registered_ready_with_gpus(kubelet: FakeKubelet, k8s_api: Any) -> None:

@@ -281,6 +281,7 @@ class FakeKubelet:
         self._synced = threading.Event()
         self._deletes_sent: dict[str, float] = {}  # uid -> when, sync thread only
         self.status_writes = 0  # pod status patches sent (a test sees it settle)
+        self._registered_at = now_rfc3339()
         self._addresses = _AddressLeases(Path(tempfile.gettempdir()) / "fluidpd-fake-kubelet-ips")
 
     def _client(self) -> Any:
@@ -374,6 +375,7 @@ class FakeKubelet:
 
     def _node_conditions(self, ready: bool = True) -> list[Obj]:
         now = now_rfc3339()
+        since = self._registered_at if ready else now
         conditions = [
             ("MemoryPressure", "False", "KubeletHasSufficientMemory"),
             ("DiskPressure", "False", "KubeletHasNoDiskPressure"),
@@ -391,7 +393,7 @@ class FakeKubelet:
                 "reason": reason,
                 "message": "fluidpd fake kubelet",
                 "lastHeartbeatTime": now,
-                "lastTransitionTime": now,
+                "lastTransitionTime": since,
             }
             for kind, status, reason in conditions
         ]
