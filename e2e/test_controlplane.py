@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -22,12 +25,19 @@ pytestmark = pytest.mark.k8s
 PY = "python"  # the fake kubelet runs this interpreter for it
 
 
-def _alive(pid: int) -> bool:
+def _stat(pid: int) -> list[str] | None:
+    """/proc/PID/stat fields after the command name, or None when there is no such process."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text.rsplit(")", 1)[1].split()
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie nobody reaped yet counts as gone)."""
+    fields = _stat(pid)
+    return fields is not None and fields[0] != "Z"
 
 
 def _http(url: str) -> tuple[int, str]:
@@ -461,3 +471,55 @@ def test_service_account_kubeconfig_acts_under_the_pods_rbac(
     assert "configmap/visible" in out
     assert f"system:serviceaccount:{namespace}:reader" in out
     assert "forbidden" in out
+
+
+_KILLED_RUN = """
+import sys, time
+from kubernetes import client
+from harness import ControlPlane, FakeKubelet
+from pathlib import Path
+cp = ControlPlane(Path(sys.argv[1])).start()
+kubelet = FakeKubelet(cp).start()
+core = client.CoreV1Api(cp.api_client())
+command = ["sh", "-c", "sleep 600 & sleep 600"]
+spec = {"containers": [{"name": "m", "image": "i", "command": command}]}
+core.create_namespaced_pod("default", {"metadata": {"name": "p"}, "spec": spec})
+while kubelet.pid("p", "default") is None:
+    time.sleep(0.2)
+print(*[p.pid for p in cp.procs.values()], kubelet.pid("p", "default"), flush=True)
+time.sleep(600)
+"""
+
+
+def _group_alive(pgid: int) -> bool:
+    """Any live process in process group pgid."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            fields = _stat(int(entry.name))
+            if fields is not None and fields[0] != "Z" and int(fields[2]) == pgid:
+                return True
+    return False
+
+
+def test_nothing_outlives_a_killed_test_run(control_plane: ControlPlane) -> None:
+    """SIGKILL the process running a plane and a pod: components and pod processes (with the
+    pod's own children) all go."""
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parent))
+    run = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_RUN, str(control_plane.bin_dir)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert run.stdout is not None
+    pids = [int(p) for p in run.stdout.readline().split()]
+    assert len(pids) == 5, "the plane did not come up"
+    components, pod = pids[:4], pids[4]
+    assert _group_alive(pod)
+    run.send_signal(signal.SIGKILL)
+    run.wait()
+    wait_for(
+        lambda: not any(_alive(p) for p in components) and not _group_alive(pod),
+        timeout=60,
+        what="the components and the pod's processes to die",
+    )

@@ -5,6 +5,10 @@ kube-scheduler as local processes, set up the way controller-runtime's envtest d
         cp.kubectl("get", "namespaces")
         core = kubernetes.client.CoreV1Api(cp.api_client())
 
+The components get SIGKILL when the thread that started them ends (a parent-death signal, so
+that nothing outlives a killed test run): start the plane from a thread that lives as long as
+it, e.g. the main thread.
+
 Authentication is by static bearer tokens (one per user, see `tokens`); the admin is in group
 system:masters. Authorization is Node,RBAC. Everything (certificates, etcd data, logs,
 kubeconfigs) lives in one temporary directory that is removed on exit unless `keep_dir`.

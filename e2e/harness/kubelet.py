@@ -282,6 +282,7 @@ class FakeKubelet:
         self._deletes_sent: dict[str, float] = {}  # uid -> when, sync thread only
         self.status_writes = 0  # pod status patches sent (a test sees it settle)
         self._registered_at = now_rfc3339()
+        self._reaper: procs.Reaper  # started by start()
         self._addresses = _AddressLeases(Path(tempfile.gettempdir()) / "fluidpd-fake-kubelet-ips")
 
     def _client(self) -> Any:
@@ -305,6 +306,7 @@ class FakeKubelet:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.work_dir.mkdir(parents=True, exist_ok=True)
         _check_loopback_alias()
+        self._reaper = procs.Reaper()
         self._register_node()
         self._renew_lease()
         for name, target in (
@@ -593,10 +595,14 @@ class FakeKubelet:
                             pod["metadata"]["namespace"],
                             pod["metadata"]["name"],
                         )
-                for uid in [u for u in self._states if u not in pods]:
-                    self._forget(uid)
-                for uid in [u for u in self._deletes_sent if u not in pods]:
-                    del self._deletes_sent[uid]
+                try:
+                    for uid in [u for u in self._states if u not in pods]:
+                        self._forget(uid)
+                    for uid in [u for u in self._deletes_sent if u not in pods]:
+                        del self._deletes_sent[uid]
+                except Exception:
+                    # This thread must live: its children die with it (parent-death signal).
+                    log.exception("fake kubelet: cleaning up after removed pods failed")
         finally:
             self._stop_all()
 
@@ -606,6 +612,7 @@ class FakeKubelet:
             state = self._states.pop(uid)
         if state.proc is not None:
             procs.stop(state.proc, grace=0.5)
+            self._reaper.discard(state.proc)
             _note(state, f"pod removed from the API; process {state.proc.pid} stopped")
         self._addresses.release(state.ip)
 
@@ -619,7 +626,9 @@ class FakeKubelet:
         for state in running:
             if state.proc is not None:
                 procs.stop(state.proc, grace=max(0.0, deadline - time.monotonic()))
+                self._reaper.discard(state.proc)
         self._addresses.release_all()
+        self._reaper.close()
 
     def _sync_pod(self, core: client.CoreV1Api, pod: Obj) -> None:
         meta, spec = pod["metadata"], pod["spec"]
@@ -655,6 +664,7 @@ class FakeKubelet:
         assert state.proc is not None
         code = state.proc.returncode
         procs.signal_group(state.proc, signal.SIGKILL)  # leave none of its children
+        self._reaper.discard(state.proc)
         terminated = {
             "exitCode": code if code >= 0 else 128 - code,
             "reason": "Completed" if code == 0 else "Error",
@@ -718,6 +728,7 @@ class FakeKubelet:
         _note(state, f"start #{state.starts} on {state.ip}: {' '.join(argv)}")
         try:
             state.proc = procs.spawn(argv, state.log_path, env=proc_env, cwd=cwd)
+            self._reaper.add(state.proc)
         except OSError as e:
             state.waiting = ("RunContainerError", f"fake kubelet: {e}")
             state.next_start = now + 5.0
@@ -1098,6 +1109,7 @@ class FakeKubelet:
                     return
                 _note(state, f"grace period over: SIGKILL to {proc.pid}")
             code = procs.stop(proc, grace=0.0)
+            self._reaper.discard(proc)
             _note(state, f"process {proc.pid} ended with {code}")
             state.proc = None
         if now - self._deletes_sent.get(meta["uid"], -10.0) < 2.0:

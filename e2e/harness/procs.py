@@ -7,6 +7,8 @@ import ctypes
 import os
 import signal
 import subprocess
+import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -79,3 +81,60 @@ def tail(path: Path, max_chars: int = 6000) -> str:
         return f"(no log at {path})"
     text = data[-max_chars:].decode("utf-8", errors="replace")
     return text if len(data) <= max_chars else "...\n" + text
+
+
+_REAPER = r"""
+import os, signal, sys
+groups = set()
+def reap(*_):
+    for group in groups:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except OSError:
+            pass
+    os._exit(0)
+signal.signal(signal.SIGTERM, reap)
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+for line in sys.stdin:
+    op, group = line.split()
+    (groups.add if op == "+" else groups.discard)(int(group))
+reap()
+"""
+
+
+class Reaper:
+    """A helper process that SIGKILLs registered process groups once its stdin closes: when
+    this process ends, however it ends (a parent-death signal reaches only direct children;
+    this reaches what they started too, e.g. `sh -c 'a & b'`)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", _REAPER],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+    def _send(self, line: str) -> None:
+        with self._lock:
+            stdin = self._proc.stdin
+            if stdin is not None and not stdin.closed:
+                with contextlib.suppress(OSError):
+                    stdin.write(line.encode())
+                    stdin.flush()
+
+    def add(self, proc: subprocess.Popen[bytes]) -> None:
+        self._send(f"+ {proc.pid}\n")
+
+    def discard(self, proc: subprocess.Popen[bytes]) -> None:
+        self._send(f"- {proc.pid}\n")
+
+    def close(self) -> None:
+        """Kill whatever is still registered, and end the reaper."""
+        with self._lock:
+            if self._proc.stdin is not None:
+                with contextlib.suppress(OSError):
+                    self._proc.stdin.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._proc.wait(10)
