@@ -30,10 +30,10 @@ sim: install
 
 lint: install-dev
 	ruff check .
-	ruff format --check fluidpd tests worker-sidecar scripts e2e
+	ruff format --check fluidpd tests worker-sidecar operator scripts e2e
 
 typecheck: install-dev
-	mypy fluidpd worker-sidecar/fluidpd_sidecar e2e/harness
+	mypy fluidpd worker-sidecar/fluidpd_sidecar operator/fluidpd_operator e2e/harness
 
 unit: install-dev testplane
 	$(PYTHON) -m pytest -q

@@ -225,9 +225,13 @@ class DeploymentController:
             if exc.status != 404 or self.spec.auth_secret_ref is not None:
                 self._errors.append(f"auth secret {name}: {exc.reason}")
                 return
-            secret = await self.kube.create(
-                self.namespace, res.auth_secret(self.body, secrets.token_urlsafe(32))
-            )
+            try:
+                secret = await self.kube.create(
+                    self.namespace, res.auth_secret(self.body, secrets.token_urlsafe(32))
+                )
+            except KubeError as err:
+                self._errors.append(f"auth secret {name} could not be created: {err.reason}")
+                return
         data = secret.get("data", {}).get(key)
         if data is None:
             self._errors.append(f"auth secret {name} has no key {key!r}")

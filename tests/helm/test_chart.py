@@ -50,7 +50,7 @@ NAMESPACED_RULES = [
     },
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
     {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
-    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]},
+    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create"]},
 ]
 CRD_READ = {
     "apiGroups": ["apiextensions.k8s.io"],

@@ -89,7 +89,9 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [events.k8s.io]
   resources: [events]
   verbs: [create, patch]
+# get: the token a FluidPDDeployment references; create: the generated <name>-auth secret when
+# it references none (never list: the operator reads only the secrets it is pointed at).
 - apiGroups: [""]
   resources: [secrets]
-  verbs: [get]
+  verbs: [get, create]
 {{- end }}
