@@ -35,6 +35,21 @@ log = logging.getLogger("fluidpd.controller")
 WorkerSource = Callable[[], Awaitable[dict[str, str]]]
 
 
+async def fetch_pressure(session: aiohttp.ClientSession, url: str) -> dict[str, Any] | None:
+    """One sidecar's ``/pressure`` report (with its ``url`` added), or None when it does not
+    answer in time: a worker that does not answer is left out, never guessed at."""
+    try:
+        timeout = aiohttp.ClientTimeout(total=1.0, connect=0.5)
+        async with session.get(f"{url}/pressure", timeout=timeout) as resp:
+            if resp.status != 200:
+                return None
+            report: dict[str, Any] = orjson.loads(await resp.read())
+            report["url"] = url
+            return report
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        return None
+
+
 @dataclass(slots=True)
 class ControllerEvent:
     t: float
@@ -89,16 +104,7 @@ class FluidRoleController:
         return self._switching
 
     async def _pressure(self, wid: str, url: str) -> dict[str, Any] | None:
-        try:
-            timeout = aiohttp.ClientTimeout(total=1.0, connect=0.5)
-            async with self.session.get(f"{url}/pressure", timeout=timeout) as resp:
-                if resp.status != 200:
-                    return None
-                report: dict[str, Any] = orjson.loads(await resp.read())
-                report["url"] = url
-                return report
-        except (aiohttp.ClientError, TimeoutError, ValueError):
-            return None
+        return await fetch_pressure(self.session, url)
 
     async def step(self) -> SwitchDecision | Recommendation:
         workers = await self.source()

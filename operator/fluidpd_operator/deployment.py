@@ -23,7 +23,12 @@ from typing import Any
 import aiohttp
 import orjson
 
-from fluidpd.controller.loop import ControllerEvent, FluidRoleController, WorkerSource
+from fluidpd.controller.loop import (
+    ControllerEvent,
+    FluidRoleController,
+    WorkerSource,
+    fetch_pressure,
+)
 from fluidpd.controller.metrics import ControllerMetrics, DeploymentMetrics
 from fluidpd.core.fallback import CapacityFallback, ScaleDecision, ScaleDirection
 from fluidpd.core.fluidrole import FluidRoleConfig, Recommendation, SwitchDecision
@@ -367,17 +372,7 @@ class DeploymentController:
 
     async def _pressure(self, pod: dict[str, Any]) -> dict[str, Any] | None:
         url = self.url(pod)
-        if url is None:
-            return None
-        try:
-            timeout = aiohttp.ClientTimeout(total=1.0, connect=0.5)
-            async with self.session.get(f"{url}/pressure", timeout=timeout) as resp:
-                if resp.status != 200:
-                    return None
-                got: dict[str, Any] = orjson.loads(await resp.read())
-                return got
-        except (aiohttp.ClientError, TimeoutError, ValueError):
-            return None
+        return await fetch_pressure(self.session, url) if url else None
 
     # -- role switches ------------------------------------------------------------------------
     def _controller(self) -> FluidRoleController:

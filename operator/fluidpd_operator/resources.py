@@ -62,6 +62,10 @@ def owner_reference(owner: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _metadata(owner: dict[str, Any], name: str, labels_: dict[str, str]) -> dict[str, Any]:
+    return {"name": name, "labels": labels_, "ownerReferences": [owner_reference(owner)]}
+
+
 def auth_secret_name(name: str, spec: DeploymentSpec) -> str:
     return spec.auth_secret_ref.name if spec.auth_secret_ref else f"{name}-auth"
 
@@ -76,11 +80,7 @@ def auth_secret(owner: dict[str, Any], token: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": {
-            "name": f"{name}-auth",
-            "labels": labels(name, "auth"),
-            "ownerReferences": [owner_reference(owner)],
-        },
+        "metadata": _metadata(owner, f"{name}-auth", labels(name, "auth")),
         "type": "Opaque",
         "stringData": {TOKEN_KEY: token},
     }
@@ -195,11 +195,9 @@ def role_service(owner: dict[str, Any], spec: DeploymentSpec, role: Role) -> dic
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {
-            "name": f"{name}-{role.value}",
-            "labels": {**labels(name, "worker"), ROLE_LABEL: role.value},
-            "ownerReferences": [owner_reference(owner)],
-        },
+        "metadata": _metadata(
+            owner, f"{name}-{role.value}", {**labels(name, "worker"), ROLE_LABEL: role.value}
+        ),
         "spec": {
             "type": "ClusterIP",
             "selector": {**worker_selector(name), ROLE_LABEL: role.value},
@@ -222,11 +220,7 @@ def router_deployment(owner: dict[str, Any], spec: DeploymentSpec, image: str) -
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {
-            "name": f"{name}-router",
-            "labels": labels(name, "router"),
-            "ownerReferences": [owner_reference(owner)],
-        },
+        "metadata": _metadata(owner, f"{name}-router", labels(name, "router")),
         "spec": {
             "replicas": spec.router.replicas,
             "selector": {"matchLabels": match},
@@ -267,11 +261,7 @@ def router_service(owner: dict[str, Any], spec: DeploymentSpec) -> dict[str, Any
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {
-            "name": f"{name}-router",
-            "labels": labels(name, "router"),
-            "ownerReferences": [owner_reference(owner)],
-        },
+        "metadata": _metadata(owner, f"{name}-router", labels(name, "router")),
         "spec": {
             "type": spec.router.service_type,
             "selector": {DEPLOYMENT_LABEL: name, COMPONENT_LABEL: "router"},
