@@ -152,7 +152,7 @@ def test_node_is_registered_ready_with_gpus(kubelet: FakeKubelet, k8s_api: Any) 
 
 
 def test_deployment_scheduled_run_ready_served_and_replaced(
-    kubelet: FakeKubelet, k8s_api: Any, namespace: str
+    control_plane: ControlPlane, kubelet: FakeKubelet, k8s_api: Any, namespace: str
 ) -> None:
     core, apps = client.CoreV1Api(k8s_api), client.AppsV1Api(k8s_api)
     apps.create_namespaced_deployment(namespace, _web_deployment("web", 2))
@@ -174,6 +174,12 @@ def test_deployment_scheduled_run_ready_served_and_replaced(
         status, body = _http(f"http://{pod.status.pod_ip}:8080/")
         assert status == 200
         assert "Directory listing" in body
+    # `kubectl logs` goes through the API server to the fake kubelet's log endpoint.
+    name = pods[0].metadata.name
+    logs = control_plane.kubectl("logs", "-n", namespace, name).stdout
+    assert f"Serving HTTP on {pods[0].status.pod_ip} port 8080" in logs
+    assert "fake-kubelet" not in logs
+    assert control_plane.kubectl("logs", "-n", namespace, name, "--tail=1").stdout.count("\n") == 1
 
     victim = pods[0]
     pid = kubelet.pid(victim.metadata.name, namespace)

@@ -225,6 +225,8 @@ class ControlPlane:
                     # Endpoints may not point at loopback, so nothing reconciles `kubernetes`.
                     "--endpoint-reconciler-type=none",
                     "--allow-privileged=true",
+                    # `kubectl logs` reaches the fake kubelet at the node's InternalIP.
+                    "--kubelet-preferred-address-types=InternalIP",
                     "--profiling=false",
                     "--v=1",
                 ],

@@ -46,6 +46,7 @@ import re
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -55,10 +56,11 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlsplit
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -283,6 +285,8 @@ class FakeKubelet:
         self.status_writes = 0  # pod status patches sent (a test sees it settle)
         self._registered_at = now_rfc3339()
         self._reaper: procs.Reaper  # started by start()
+        self._log_server: ThreadingHTTPServer | None = None
+        self._log_port = 10250
         self._addresses = _AddressLeases(Path(tempfile.gettempdir()) / "fluidpd-fake-kubelet-ips")
 
     def _client(self) -> Any:
@@ -307,6 +311,7 @@ class FakeKubelet:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         _check_loopback_alias()
         self._reaper = procs.Reaper()
+        self._start_log_server()
         self._register_node()
         self._renew_lease()
         for name, target in (
@@ -339,6 +344,10 @@ class FakeKubelet:
             self._core.patch_node_status(
                 self.node_name, {"status": {"conditions": self._node_conditions(ready=False)}}
             )
+        if self._log_server is not None:
+            self._log_server.shutdown()
+            self._log_server.server_close()
+            self._log_server = None
 
     # -- helpers for tests -------------------------------------------------------------------
 
@@ -372,6 +381,25 @@ class FakeKubelet:
         state = self._state(pod, namespace)
         proc = state.proc if state else None
         return proc.pid if proc is not None and proc.poll() is None else None
+
+    # -- the kubelet API, for `kubectl logs` ----------------------------------------------------
+
+    def _start_log_server(self) -> None:
+        """Serve GET /containerLogs/<ns>/<pod>/<container> (tailLines, follow) over HTTPS on
+        127.0.0.1, the node's kubeletEndpoint: the API server proxies `kubectl logs` here.
+        Only the process output, without the kubelet's own notes."""
+        pki = self._control_plane.workdir / "pki"
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(pki / "apiserver.crt", pki / "apiserver.key")
+        server = ThreadingHTTPServer(("127.0.0.1", 0), _log_handler(self))
+        server.daemon_threads = True
+        server.socket = context.wrap_socket(server.socket, server_side=True)
+        self._log_port = int(server.server_address[1])
+        self._log_server = server
+        thread = threading.Thread(
+            target=server.serve_forever, name="fake-kubelet-logs", daemon=True
+        )
+        thread.start()
 
     # -- node --------------------------------------------------------------------------------
 
@@ -409,7 +437,7 @@ class FakeKubelet:
                 {"type": "InternalIP", "address": "127.0.0.1"},
                 {"type": "Hostname", "address": self.node_name},
             ],
-            "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": self._log_port}},
             "nodeInfo": {
                 "machineID": "fluidpd-fake",
                 "systemUUID": "fluidpd-fake",
@@ -1132,7 +1160,8 @@ class FakeKubelet:
 def _note(state: _PodState, message: str) -> None:
     """A line in the pod's log, so test output shows what the kubelet did."""
     with contextlib.suppress(OSError), state.log_path.open("a") as f:
-        f.write(f"[fake-kubelet {now_rfc3339()}] {message}\n")
+        one_line = message.replace("\n", "\\n")
+        f.write(f"[fake-kubelet {now_rfc3339()}] {one_line}\n")
 
 
 def _key(data: Mapping[str, str] | None, ref: Obj, kind: str) -> str | None:
@@ -1175,6 +1204,72 @@ def _port(container: Obj, port: int | str) -> int:
 def _with_taints(node: Any, taints: list[Any]) -> Any:
     node.spec.taints = taints or None
     return node
+
+
+def _log_handler(kubelet: FakeKubelet) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.0"
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            url = urlsplit(self.path)
+            parts = url.path.strip("/").split("/")
+            if parts == ["healthz"]:
+                self._reply(200, b"ok")
+                return
+            if len(parts) != 4 or parts[0] != "containerLogs":
+                self._reply(404, b"the fake kubelet serves only containerLogs")
+                return
+            _, namespace, pod, _container = parts
+            files = kubelet.log_files(pod, namespace)
+            if not files:
+                self._reply(404, f"no output of pod {namespace}/{pod}".encode())
+                return
+            query = parse_qs(url.query)
+            follow = query.get("follow", ["false"])[0] == "true"
+            with files[-1].open("rb") as f:
+                data = f.read()
+            lines = [line for line in data.splitlines(keepends=True) if not _is_note(line)]
+            if "tailLines" in query:
+                lines = lines[-int(query["tailLines"][0]) :] if int(query["tailLines"][0]) else []
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.end_headers()
+            try:
+                self.wfile.write(b"".join(lines))
+                self.wfile.flush()
+                offset, partial = len(data), b""
+                while follow and not kubelet._stopping.is_set():
+                    if kubelet._state(pod, namespace) is None:
+                        break
+                    time.sleep(0.5)
+                    with files[-1].open("rb") as f:
+                        f.seek(offset)
+                        chunk = f.read()
+                    offset += len(chunk)
+                    chunk, partial = partial + chunk, b""
+                    *whole, partial = chunk.split(b"\n")
+                    out = [line + b"\n" for line in whole if not _is_note(line)]
+                    if out:
+                        self.wfile.write(b"".join(out))
+                        self.wfile.flush()
+            except OSError:
+                pass  # the client went away
+
+        def _reply(self, code: int, body: bytes) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    return Handler
+
+
+def _is_note(line: bytes) -> bool:
+    return line.startswith(b"[fake-kubelet ")
 
 
 def _check_loopback_alias() -> None:
