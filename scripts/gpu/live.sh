@@ -4,7 +4,7 @@
 # Llama-3.2-1B shape share the GPU (separate processes, time-sliced), each with its own KV
 # pool of 135168 tokens; KV hand-off through the shm transport (pinned host memory); router
 # and (FluidPD) controller as in `fluidpd up`. SLOs are scaled to the 1B model on an H200:
-# TTFT 0.25 s, TPOT 25 ms. The traces travel in .gpudata/traces (the machine has no network).
+# TTFT 0.25 s, TPOT 25 ms. D->P drains wait (the gpu engine does not migrate KV). The traces travel in .gpudata/traces (the machine has no network).
 # Usage (repository root, OUT set): bash scripts/gpu/live.sh RPS [RPS...]
 set -x
 [ -n "${NO_SETUP:-}" ] || . scripts/gpu/setup.sh
@@ -26,7 +26,7 @@ for RPS in "$@"; do
     RUN=/tmp/up-$POLICY-$RPS
     python3 -m fluidpd.cli.main up $ENGINE --profile $PROFILE \
       --kv-transfer shm --kv-arena-mib ${ARENA_MIB:-5120} --pd 2P2D --policy $POLICY --port 8000 \
-      --run-dir $RUN --ready-timeout 150 $SLO > $RUN.log 2>&1 &
+      --run-dir $RUN --ready-timeout 150 --drain-mode wait $SLO > $RUN.log 2>&1 &
     UP=$!
     for i in $(seq 150); do [ -s $RUN/endpoint ] && break; sleep 1; done
     cat $RUN.log
@@ -43,5 +43,5 @@ for RPS in "$@"; do
     cat $RUN/pressure.txt >> $OUT/logs.txt
   done
 done
-rm -rf $OUT/live/timeseries
+rm -rf $OUT/live/timeseries $OUT/live/summary.txt
 ls -la $OUT $OUT/live

@@ -208,6 +208,10 @@ class SidecarService:
         half = self.decode_halves.get(m.rid)
         if half is None:
             return
+        if half.dest is None:
+            # Transport room is taken when the core admits the request (KV reserved), not on
+            # arrival: a long prealloc queue under overload must not exhaust the arena.
+            half.dest = self.transfer.reserve(self.engine.kv_wire_bytes(half.req.prompt_len))
         body = Reserved(
             rid=m.rid,
             decode_worker=self.cfg.worker_id,
@@ -429,7 +433,6 @@ class SidecarService:
         req = Request(half.rid, half.arrival, half.prompt_len, half.max_new_tokens)
         req.prefill_worker = half.prefill_worker
         state = _DecodeHalf(req, half.prefill_url)
-        state.dest = self.transfer.reserve(self.engine.kv_wire_bytes(half.prompt_len))
         self.decode_halves[half.rid] = state
         self.worker.decode.add(req)
         self._dispatch()
@@ -528,6 +531,8 @@ class SidecarService:
     # -- migration (drain "migrate") ---------------------------------------------------------
     def adopt(self, body: Adopt) -> None:
         self._check_accepting(Role.DECODE)
+        if not getattr(self.engine, "migrates_kv", True):
+            raise Conflict(f"engine {self.engine.name} cannot adopt a request without its KV")
         half = body.half
         req = Request(half.rid, half.arrival, half.prompt_len, half.max_new_tokens)
         req.prefill_worker = half.prefill_worker

@@ -59,6 +59,9 @@ class EngineStats:
 
 class GpuEngine:
     name = "gpu"
+    #: A migrate drain moves no KV bytes yet (the sidecar's ``_move`` sends none), so this
+    #: engine refuses adoption and a D->P drain waits for its requests instead.
+    migrates_kv = False
 
     def __init__(self, runner: ModelRunner, role: Role, staging: KVStaging | None = None) -> None:
         self.runner = runner
