@@ -484,7 +484,7 @@ import sys, time
 from kubernetes import client
 from harness import ControlPlane, FakeKubelet
 from pathlib import Path
-cp = ControlPlane(Path(sys.argv[1])).start()
+cp = ControlPlane(Path(sys.argv[1]), workdir=Path(sys.argv[2])).start()
 kubelet = FakeKubelet(cp).start()
 core = client.CoreV1Api(cp.api_client())
 command = ["sh", "-c", "sleep 600 & sleep 600"]
@@ -507,12 +507,12 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
-def test_nothing_outlives_a_killed_test_run(control_plane: ControlPlane) -> None:
+def test_nothing_outlives_a_killed_test_run(control_plane: ControlPlane, tmp_path: Path) -> None:
     """SIGKILL the process running a plane and a pod: components and pod processes (with the
     pod's own children) all go."""
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).parent))
     run = subprocess.Popen(
-        [sys.executable, "-c", _KILLED_RUN, str(control_plane.bin_dir)],
+        [sys.executable, "-c", _KILLED_RUN, str(control_plane.bin_dir), str(tmp_path / "plane")],
         stdout=subprocess.PIPE,
         text=True,
         env=env,
