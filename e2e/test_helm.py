@@ -1,22 +1,19 @@
 """The Helm chart on the real test API server: ``helm install`` creates the CRD, RBAC, peering and
-the operator Deployment; the operator, run with the chart's own arguments and its
-ServiceAccount's token (least-privilege RBAC), serves a FluidPDDeployment; ``helm uninstall``
-removes everything the release created.
+the operator Deployment; the operator pod, under its ServiceAccount (least-privilege RBAC),
+serves a FluidPDDeployment; ``helm uninstall`` removes everything the release created.
 
-The fake kubelet cannot give a pod in-cluster credentials (their path is fixed), so the chart is
-installed with ``operator.replicas=0`` and the test runs the operator container's exact command
-line as a local process with a kubeconfig holding the ServiceAccount's token.
+The fake kubelet runs the chart's operator pod like any other: its container command as a local
+process, with a kubeconfig holding a token bound to the pod's ServiceAccount (the fake kubelet's
+stand-in for in-cluster credentials), so the operator works under the chart's RBAC.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
-import sys
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,28 +50,38 @@ def _kind_ref(doc: dict[str, Any]) -> str:
     return f"{kind}.{group}" if group else kind
 
 
+@dataclass
+class Release:
+    docs: list[dict[str, Any]]
+    liveness_port: int
+    metrics_port: int
+
+
 @pytest.fixture(scope="module")
-def release(control_plane: ControlPlane) -> Iterator[list[dict[str, Any]]]:
+def release(control_plane: ControlPlane, kubelet: FakeKubelet) -> Iterator[Release]:
     cp = control_plane
     # A CRD applied outside Helm (by another test module) would make the install refuse it.
     crd = cp.kubectl("get", "crd", CRD, "--ignore-not-found", "-o", "json").stdout
     if crd and "meta.helm.sh/release-name" not in crd:
         cp.kubectl("delete", "crd", CRD, "--wait=true", "--timeout=120s")
+    # The fake kubelet runs pods on the host's network namespace: free ports, not 8080/9090.
+    live, metrics = _free_port(), _free_port()
     cp.helm("install", RELEASE, str(CHART), "-n", SYSTEM, "--create-namespace",
-            "--set", "crds.keep=false", "--set", "operator.replicas=0",
-            "--set", "grafana.dashboards.enabled=true")  # fmt: skip
+            "--set", "crds.keep=false", "--set", "grafana.dashboards.enabled=true",
+            "--set", f"operator.livenessPort={live}",
+            "--set", f"operator.metrics.port={metrics}")  # fmt: skip
     manifest = cp.helm("get", "manifest", RELEASE, "-n", SYSTEM).stdout
-    docs = [d for d in yaml.safe_load_all(manifest) if d]
-    yield docs
+    yield Release([d for d in yaml.safe_load_all(manifest) if d], live, metrics)
     if cp.helm("status", RELEASE, "-n", SYSTEM, check=False).returncode == 0:
+        cp.kubectl("delete", "fpd", "--all", "-A", "--timeout=90s", check=False)
         cp.helm("uninstall", RELEASE, "-n", SYSTEM, "--wait", check=False)
 
 
 def test_install_creates_crd_rbac_and_operator(
-    control_plane: ControlPlane, release: list[dict[str, Any]]
+    control_plane: ControlPlane, release: Release
 ) -> None:
     cp = control_plane
-    kinds = {(d["kind"], d["metadata"]["name"]) for d in release}
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in release.docs}
     assert ("CustomResourceDefinition", CRD) in kinds
     assert any(k == "Deployment" and n.endswith("operator") for k, n in kinds)
     assert any(k == "ClusterRole" for k, _ in kinds) and any(
@@ -85,7 +92,7 @@ def test_install_creates_crd_rbac_and_operator(
     # kopf's peering CRDs come from the chart's crds/ (installed first, never templated).
     for name in ("clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"):
         assert _exists(cp, "crd", name, None), name
-    for d in release:
+    for d in release.docs:
         ns = d["metadata"].get("namespace") or (SYSTEM if d["kind"] not in _CLUSTER_KINDS else None)
         assert _exists(cp, _kind_ref(d), d["metadata"]["name"], ns), (d["kind"], d["metadata"])
 
@@ -99,41 +106,30 @@ _CLUSTER_KINDS = {
 }
 
 
-def _operator_command(release: list[dict[str, Any]]) -> tuple[list[str], str, dict[str, str]]:
-    """The chart's operator command line (the shell wrapper's ``$@``), its ServiceAccount and
-    its plain env values."""
+def _operator(release: Release) -> tuple[str, dict[str, str]]:
+    """The chart's operator ServiceAccount and its container's plain env values."""
     dep = next(
         d
-        for d in release
+        for d in release.docs
         if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("operator")
     )
     pod = dep["spec"]["template"]["spec"]
-    c = pod["containers"][0]
-    argv = [*c.get("command", []), *c.get("args", [])]
-    # /bin/sh -c 'exec fluidpd operator --priority "$(shuf ...)" "$@"' $0 args...
-    wrapped = argv[:2] == ["/bin/sh", "-c"]
-    argv = ["operator", "--priority", "7", *argv[4:]] if wrapped else argv[1:]
-    env = {e["name"]: e["value"] for e in c.get("env", []) if "value" in e}
-    return argv, pod["serviceAccountName"], env
+    env = {e["name"]: e["value"] for e in pod["containers"][0].get("env", []) if "value" in e}
+    return pod["serviceAccountName"], env
 
 
-def test_operator_runs_with_the_charts_rbac(
-    control_plane: ControlPlane,
-    kubelet: FakeKubelet,
-    release: list[dict[str, Any]],
-    namespace: str,
-    tmp_path: Path,
+def test_operator_pod_serves_a_deployment_with_least_privilege(
+    control_plane: ControlPlane, kubelet: FakeKubelet, release: Release, namespace: str
 ) -> None:
+    """The chart's operator pod (run by the fake kubelet under its ServiceAccount's own token,
+    so under the chart's RBAC) serves a FluidPDDeployment in another namespace."""
     cp = control_plane
-    argv, sa, chart_env = _operator_command(release)
-    live, metrics = _free_port(), _free_port()
-    argv = [
-        a.replace("0.0.0.0:8080", f"127.0.0.1:{live}") if a.startswith("http") else a for a in argv
-    ]
-    argv[argv.index("--metrics-port") + 1] = str(metrics)
-    # Least privilege: the ServiceAccount may do what the operator needs, and nothing else.
+    sa, chart_env = _operator(release)
     who = f"--as=system:serviceaccount:{SYSTEM}:{sa}"
-    can = lambda *a: cp.kubectl("auth", "can-i", *a, who, check=False).stdout.strip()  # noqa: E731
+
+    def can(*a: str) -> str:
+        return cp.kubectl("auth", "can-i", *a, who, check=False).stdout.strip()
+
     assert can("patch", "fluidpddeployments.fluidpd.io/status", "-n", namespace) == "yes"
     assert can("create", "pods", "-n", namespace) == "yes"
     assert can("delete", "pods", "-n", namespace) == "yes"
@@ -144,64 +140,48 @@ def test_operator_runs_with_the_charts_rbac(
     assert can("create", "clusterrolebindings") == "no"
     assert can("delete", "nodes") == "no"
 
-    token = cp.kubectl("create", "token", sa, "-n", SYSTEM, "--duration=1h").stdout.strip()
-    kubeconfig = cp.write_kubeconfig(tmp_path / "operator.kubeconfig", token, "fluidpd-operator")
-    env = dict(os.environ, **chart_env, KUBECONFIG=str(kubeconfig))
-    log = tmp_path / "operator.log"
-    exe = Path(sys.executable).with_name("fluidpd")
-    with log.open("wb") as out:
-        proc = subprocess.Popen([str(exe), *argv], env=env, stdout=out, stderr=subprocess.STDOUT)
+    pods = lambda: kubelet.dump(SYSTEM)  # noqa: E731
+    live = f"http://127.0.0.1:{release.liveness_port}/healthz"
+    wait_for(lambda: urllib.request.urlopen(live, timeout=2).status == 200, timeout=90,
+             what=lambda: f"the operator pod's liveness endpoint\n{pods()}")  # fmt: skip
+    doc = {
+        "apiVersion": "fluidpd.io/v1alpha1",
+        "kind": "FluidPDDeployment",
+        "metadata": {"name": "helm-sim"},
+        "spec": {"model": {"name": "llama-3.1-8b"}, "workers": 2},
+    }
     try:
-        wait_for(
-            lambda: (
-                urllib.request.urlopen(f"http://127.0.0.1:{live}/healthz", timeout=2).status == 200
-            ),
-            timeout=60,
-            what=lambda: f"the operator's liveness endpoint\n{log.read_text()[-3000:]}",
-        )
-        doc = {
-            "apiVersion": "fluidpd.io/v1alpha1",
-            "kind": "FluidPDDeployment",
-            "metadata": {"name": "helm-sim"},
-            "spec": {"model": {"name": "llama-3.1-8b"}, "workers": 2},
-        }
         cp.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(doc))
 
         def ready() -> bool:
-            got = json.loads(cp.kubectl("get", "fpd", "helm-sim", "-n", namespace,
-                                        "-o", "json").stdout)  # fmt: skip
+            got = json.loads(
+                cp.kubectl("get", "fpd", "helm-sim", "-n", namespace, "-o", "json").stdout
+            )
             conds = {c["type"]: c["status"] for c in got.get("status", {}).get("conditions", [])}
             return conds.get("Ready") == "True"
 
-        wait_for(ready, timeout=150, what=lambda: f"Ready\n{log.read_text()[-3000:]}")
+        wait_for(ready, timeout=150, what=lambda: f"Ready\n{pods()}")
         # The worker pods run the image the chart told the operator to use.
         selector = "app.kubernetes.io/component=worker"
-        pods = json.loads(
+        got = json.loads(
             cp.kubectl("get", "pods", "-n", namespace, "-l", selector, "-o", "json").stdout
         )
-        images = {p["spec"]["containers"][0]["image"] for p in pods["items"]}
+        images = {p["spec"]["containers"][0]["image"] for p in got["items"]}
         assert images == {chart_env["FLUIDPD_SIDECAR_IMAGE"]}
-        text = urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5).read()
+        metrics = f"http://127.0.0.1:{release.metrics_port}/metrics"
+        text = urllib.request.urlopen(metrics, timeout=5).read()
         assert f'fluidpd_deployment="helm-sim",fluidpd_namespace="{namespace}"'.encode() in text
     finally:
         # While the operator runs: its finalizer must come off before the CRD can go.
         cp.kubectl("delete", "fpd", "--all", "-n", namespace, "--timeout=90s", check=False)
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        print(log.read_text()[-4000:])
 
 
-def test_uninstall_removes_everything(
-    control_plane: ControlPlane, release: list[dict[str, Any]]
-) -> None:
+def test_uninstall_removes_everything(control_plane: ControlPlane, release: Release) -> None:
     cp = control_plane
     cp.helm("uninstall", RELEASE, "-n", SYSTEM, "--wait")
 
     def gone() -> bool:
-        for d in release:
+        for d in release.docs:
             ns = d["metadata"].get("namespace") or (
                 SYSTEM if d["kind"] not in _CLUSTER_KINDS else None
             )
