@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import yaml
 
 import fluidpd
 from fluidpd.core.profile import Profile
+from fluidpd.core.profile_fit import fit_decode, fit_quadratic
 from fluidpd.profiles import (
     PROFILES_DIR_ENV,
     ProfileError,
@@ -23,6 +26,13 @@ from fluidpd.profiles import (
 
 SHIPPED_DIR = Path(fluidpd.__file__).resolve().parent.parent / "profiles"
 SHIPPED = sorted(path.stem for path in SHIPPED_DIR.glob("*.yaml"))
+# Profiles measured on our gpu engine by `fluidpd profile` (issue #5): their coefficients are
+# fits to measurements, not calibrations from public figures, so the paper-setting plausibility
+# checks (80 GB GPUs, the paper's SLOs, suffix slope above prefill slope) do not apply.
+MEASURED = sorted(
+    stem for stem in SHIPPED if "`fluidpd profile`" in (SHIPPED_DIR / f"{stem}.yaml").read_text()
+)
+CALIBRATED = [stem for stem in SHIPPED if stem not in MEASURED]
 
 # The three model x GPU combinations the paper evaluates (§V-A), keyed by file stem.
 EXPECTED = {
@@ -139,7 +149,7 @@ def test_kv_bytes_per_token_matches_the_formula_in_the_notes(stem: str) -> None:
     assert layers * kv_heads * head_dim * 2 * 2 == stated == profile.kv.bytes_per_token
 
 
-@pytest.mark.parametrize("stem", SHIPPED)
+@pytest.mark.parametrize("stem", CALIBRATED)
 def test_shipped_profile_is_physically_plausible(stem: str) -> None:
     profile = _shipped(stem)
     prefill = profile.prefill_predictor()
@@ -160,6 +170,37 @@ def test_shipped_profile_is_physically_plausible(stem: str) -> None:
     # The flip itself is a small part of the paper's ~1 s P->D switch (§V-H).
     assert profile.switch.to_decode_ms < 1000
     assert profile.switch.to_prefill_ms < 1000
+
+
+def test_the_h200_profiles_are_measured() -> None:
+    assert {"llama-3.1-8b-h200", "llama-3.2-1b-h200"} <= set(MEASURED)
+
+
+@pytest.mark.parametrize("stem", MEASURED)
+def test_measured_profile_matches_its_report(stem: str) -> None:
+    """The fit in the profile is the one its committed measurements give, and the notes say
+    the mean relative errors the report holds."""
+    profile = _shipped(stem)
+    report = json.loads(
+        (SHIPPED_DIR.parent / "results" / "gpu" / f"profile-{stem}.json").read_text()
+    )
+    pre = fit_quadratic(*(np.array([r[k] for r in report["prefill"]]) for k in ("tokens", "s")))
+    assert profile.prefill.c1_ms_per_token == pytest.approx(pre.coef[1] * 1e3)
+    dec = fit_decode(
+        *(np.array([r[k] for r in report["decode"]]) for k in ("batch", "context", "s"))
+    )
+    assert profile.decode.a_0_ms == pytest.approx(dec.coef[2] * 1e3)
+    assert f"prefill {pre.mre:.3f}" in profile.notes
+    assert profile.kv.capacity_tokens >= profile.context_limit
+    assert profile.switch.to_decode_ms < 1000
+
+
+def test_llama_8b_h200_profile_meets_the_papers_error_bound() -> None:
+    """Issue #5: the 8B profile's predictors are within 10% mean relative error (paper: 2-10%)."""
+    report = json.loads(
+        (SHIPPED_DIR.parent / "results" / "gpu" / "profile-llama-3.1-8b-h200.json").read_text()
+    )
+    assert max(report["mre"].values()) <= 0.10
 
 
 @pytest.mark.parametrize("stem", SHIPPED)

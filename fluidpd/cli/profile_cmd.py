@@ -44,6 +44,11 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--gpu", default="h200", help="GPU label in the profile name (default h200)")
     p.add_argument("--name", default=None, help="profile name (default <model>-<gpu>)")
     p.add_argument("--out", required=True, help="profile YAML to write")
+    p.add_argument(
+        "--from-report",
+        default=None,
+        help="refit from the measurements of an earlier JSON report (no GPU, no measuring)",
+    )
     p.add_argument("--report", default=None, help="JSON report (default: --out with .json)")
     p.add_argument(
         "--kv-tokens",
@@ -76,6 +81,14 @@ def _pool_tokens(args: argparse.Namespace, bytes_per_token: int, weight_bytes: i
 def run(args: argparse.Namespace) -> int:
     from fluidpd_sidecar.gpu.config import resolve_shape
 
+    report: dict[str, Any] | None = None
+    if args.from_report:
+        try:
+            report = json.loads(Path(args.from_report).read_text())
+            args.gpu_model = report["shape"]["name"]
+            args.dtype = report["dtype"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise UserError(f"--from-report: cannot read a profile report: {exc}") from exc
     try:
         cfg = resolve_shape(args.gpu_model)
     except ValueError as exc:
@@ -85,15 +98,17 @@ def run(args: argparse.Namespace) -> int:
     for path, opt in ((out, "--out"), (report_path, "--report")):
         if path.exists() and path.is_dir():
             raise UserError(f"{opt}: {path} is a directory")
-    return _profile(args, cfg, out, report_path)
+    if report is None:
+        report = _measure(args, cfg)
+        report_path.parent.mkdir(parents=True, exist_ok=True)
+        report_path.write_text(json.dumps(report, indent=1) + "\n")
+    return _fit_and_write(args, cfg, report, out, report_path)
 
 
-def _profile(args: argparse.Namespace, cfg: Any, out: Path, report_path: Path) -> int:
-    import numpy as np
+def _measure(args: argparse.Namespace, cfg: Any) -> dict[str, Any]:
+    """Runs the engine over the grid; the report holds every point (refit with --from-report)."""
     import torch
 
-    from fluidpd.core import profile_fit as pf
-    from fluidpd.core.profile import Profile
     from fluidpd.core.types import Role
     from fluidpd_sidecar.gpu import profiler
     from fluidpd_sidecar.gpu.engine import GpuEngine
@@ -132,25 +147,66 @@ def _profile(args: argparse.Namespace, cfg: Any, out: Path, report_path: Path) -
     switch["p_to_d_s"] = asyncio.run(engine.switch_role(Role.DECODE))
     switch["weights_unmoved"] = all(s["weights_unmoved"] for s in engine.stats.switches)
     xfer = profiler.measure_transfer(runner, grid)
+    device = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
+    return {
+        "device": device,
+        "date": time.strftime("%Y-%m-%d"),
+        "shape": cfg.to_json(),
+        "dtype": args.dtype,
+        "element_size": esize,
+        "weights": args.weights or f"seeded ({args.weight_seed})",
+        "pool_tokens": pool,
+        "page_size": opts.page_size,
+        "context_limit": args.context_limit,
+        "max_running": max_batch,
+        "prefill": pre,
+        "suffix": suf,
+        "decode": dec,
+        "transfer": xfer,
+        "switch": switch,
+        "wall_s": time.time() - t_start,
+    }
+
+
+def _fit_and_write(
+    args: argparse.Namespace, cfg: Any, report: dict[str, Any], out: Path, report_path: Path
+) -> int:
+    import numpy as np
+
+    from fluidpd.core import profile_fit as pf
+    from fluidpd.core.profile import Profile
+    from fluidpd_sidecar.gpu.config import SHAPE_SOURCES
 
     def arr(rows: list[dict[str, float]], key: str) -> Any:
         return np.array([r[key] for r in rows], dtype=np.float64)
 
+    pre, suf, dec, xfer = report["prefill"], report["suffix"], report["decode"], report["transfer"]
+    switch = report["switch"]
     try:
         f_pre = pf.fit_quadratic(arr(pre, "tokens"), arr(pre, "s"))
         f_suf = pf.fit_quadratic(arr(suf, "tokens"), arr(suf, "s"))
         f_dec = pf.fit_decode(arr(dec, "batch"), arr(dec, "context"), arr(dec, "s"))
         f_xfer = pf.fit_transfer(arr(xfer, "bytes"), arr(xfer, "s"))
-    except ValueError as exc:
+    except (ValueError, KeyError) as exc:
         raise UserError(f"--quick/--context-limit: cannot fit: {exc}") from exc
-    gpu_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
+    esize = int(report.get("element_size", 2))
+    context_limit = int(report.get("context_limit", args.context_limit))
+    max_batch = int(report.get("max_running", min(args.max_running, 256)))
+    pool = int(report["pool_tokens"])
+    page = int(report.get("page_size", 16))
     name = args.name or f"{cfg.name}-{args.gpu}"
     mre = {"prefill": f_pre.mre, "suffix": f_suf.mre, "decode": f_dec.mre}
+    points = str(report_path)
+    sources = [f"{url} (shape) [cited]" for url in SHAPE_SOURCES.get(cfg.name, [])]
+    sources.append(
+        f"fluidpd/fluidpd@{report.get('date', 'local')}:{report_path} "
+        f"(the measured points: `fluidpd profile` on {report.get('device', '?')})"
+    )
     data: dict[str, Any] = {
         "name": name,
         "model": cfg.name,
         "gpu": args.gpu,
-        "context_limit": args.context_limit,
+        "context_limit": context_limit,
         "max_running_requests": max_batch,
         "typical_context_tokens": 2048,
         "prefill": {
@@ -169,8 +225,8 @@ def _profile(args: argparse.Namespace, cfg: Any, out: Path, report_path: Path) -
             "a_0_ms": max(f_dec.coef[2] * 1e3, 1e-6),
         },
         "kv": {
-            "capacity_tokens": pool - opts.page_size * max_batch,
-            "bytes_per_token": bpt,
+            "capacity_tokens": pool - page * max_batch,
+            "bytes_per_token": cfg.kv_bytes_per_token * esize // 2,
             "reserve_output_clip": 4096,
         },
         "transfer": {
@@ -181,49 +237,42 @@ def _profile(args: argparse.Namespace, cfg: Any, out: Path, report_path: Path) -
             "to_decode_ms": switch["p_to_d_s"] * 1e3,
             "to_prefill_ms": switch["d_to_p_s"] * 1e3,
         },
-        "sources": [
-            f"fluidpd profile (measured on {gpu_name}, {time.strftime('%Y-%m-%d')}): "
-            f"gpu engine, {cfg.name} shape, {args.dtype}, "
-            + ("seeded weights" if not args.weights else "safetensors weights"),
-            "shapes: see worker-sidecar/fluidpd_sidecar/gpu/config.py and profiles/README.md",
-        ],
+        "sources": sources,
         "notes": (
-            "Measured and fitted by `fluidpd profile` (relative least squares, coefficients"
-            " >= 0).\n"
-            f"Mean relative error: prefill {f_pre.mre:.3f} (max {f_pre.max_re:.3f}, "
-            f"{f_pre.n} points), suffix {f_suf.mre:.3f} (max {f_suf.max_re:.3f}, {f_suf.n}), "
-            f"decode {f_dec.mre:.3f} (max {f_dec.max_re:.3f}, {f_dec.n}).\n"
-            f"Transfer: shm hand-off through pinned host memory (stage + copy + load), "
-            f"MRE {f_xfer.mre:.3f}.\n"
-            f"Switch: in place, weights unmoved; decode CUDA graphs captured on the first "
-            f"switch to decode ({switch['graph_capture_s'] * 1e3:.0f} ms, "
-            f"{len(switch['graph_buckets'])} batch buckets) and kept; to_decode_ms is a later "
-            f"switch with the graphs cached.\n"
-            f"KV capacity: the pool of {pool} tokens less one page per running request.\n"
+            f"Measured on {report.get('device', '?')} ({report.get('date', '?')}) by `fluidpd "
+            f"profile` on the gpu engine ({cfg.name} shape, {report.get('dtype')}, "
+            f"{report.get('weights', 'seeded')} weights); every point is in {points}.\n"
+            f"MODEL [cited]: {cfg.layers} layers, {cfg.heads} query heads, {cfg.kv_heads} KV "
+            f"heads, head_dim {cfg.head_dim}, hidden {cfg.hidden}, intermediate "
+            f"{cfg.intermediate}, vocab {cfg.vocab} (the published config.json).\n"
+            f"kv_bytes_per_token [derived]: {cfg.layers} layers x {cfg.kv_heads} kv_heads x "
+            f"{cfg.head_dim} head_dim x 2 (K,V) x {esize} bytes = "
+            f"{cfg.kv_bytes_per_token * esize // 2}\n"
+            f"FIT [derived]: relative least squares with coefficients >= 0 "
+            f"(fluidpd.core.profile_fit). Mean relative error: prefill {f_pre.mre:.3f} (max "
+            f"{f_pre.max_re:.3f}, {f_pre.n} points), suffix {f_suf.mre:.3f} (max "
+            f"{f_suf.max_re:.3f}, {f_suf.n}), decode {f_dec.mre:.3f} (max {f_dec.max_re:.3f}, "
+            f"{f_dec.n}).\n"
+            f"TRANSFER [derived]: shm hand-off through pinned host memory (stage + copy + load), "
+            f"fit MRE {f_xfer.mre:.3f}.\n"
+            f"SWITCH: in place, weights unmoved; decode CUDA graphs captured on the first "
+            f"switch to decode ({switch.get('graph_capture_s', 0.0) * 1e3:.0f} ms, "
+            f"{len(switch.get('graph_buckets', []))} batch buckets) and kept; to_decode_ms is a "
+            f"later switch with the graphs cached.\n"
+            f"KV capacity: the pool of {pool} tokens less one page ({page} tokens) per running "
+            f"request. typical_context_tokens 2048 [est] (display only); reserve_output_clip "
+            f"4096 is SGLang's default [cited].\n"
         ),
     }
     profile = Profile.model_validate(data)
     out.parent.mkdir(parents=True, exist_ok=True)
     header = f"# {name}: measured by `fluidpd profile` on the gpu engine; see notes.\n"
-    out.write_text(
-        header + yaml.dump(profile.model_dump(), Dumper=_Dumper, sort_keys=False, width=100)
-    )
-    report = {
-        "profile": name,
-        "device": gpu_name,
-        "shape": cfg.to_json(),
-        "dtype": args.dtype,
-        "pool_tokens": pool,
-        "mre": mre,
-        "max_re": {"prefill": f_pre.max_re, "suffix": f_suf.max_re, "decode": f_dec.max_re},
-        "transfer_mre": f_xfer.mre,
-        "prefill": pre,
-        "suffix": suf,
-        "decode": dec,
-        "transfer": xfer,
-        "switch": switch,
-        "wall_s": time.time() - t_start,
-    }
+    body = yaml.dump(profile.model_dump(), Dumper=_Dumper, sort_keys=False, width=100)
+    out.write_text(header + body)
+    report["mre"] = mre
+    report["max_re"] = {"prefill": f_pre.max_re, "suffix": f_suf.max_re, "decode": f_dec.max_re}
+    report["transfer_mre"] = f_xfer.mre
+    report["profile"] = name
     report_path.parent.mkdir(parents=True, exist_ok=True)
     report_path.write_text(json.dumps(report, indent=1) + "\n")
     print(

@@ -97,6 +97,15 @@ SHAPES: dict[str, ModelConfig] = {
 }  # fmt: skip
 
 
+#: Where each shape's hyperparameters were read (the released config.json files).
+SHAPE_SOURCES: dict[str, list[str]] = {
+    "llama-3.1-8b": ["https://huggingface.co/meta-llama/Llama-3.1-8B/blob/main/config.json"],
+    "llama-3.2-1b": ["https://huggingface.co/meta-llama/Llama-3.2-1B/blob/main/config.json"],
+    "qwen3-8b": ["https://huggingface.co/Qwen/Qwen3-8B/blob/main/config.json"],
+    "qwen3-0.6b": ["https://huggingface.co/Qwen/Qwen3-0.6B/blob/main/config.json"],
+}
+
+
 def from_hf_config(path: str | Path, name: str | None = None) -> ModelConfig:
     """A shape from a Hugging Face ``config.json`` (Llama or Qwen3 architectures)."""
     data = json.loads(Path(path).read_text())

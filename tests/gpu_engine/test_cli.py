@@ -1,0 +1,126 @@
+"""`fluidpd profile`, the gpu options of `sidecar`/`up`, and a live gpu-engine stack on CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from fluidpd.cli.main import main
+from fluidpd.profiles import load_profile_file
+
+TINY = ["--gpu-model", "tiny-llama", "--device", "cpu", "--dtype", "float32"]
+
+
+def _profile(tmp_path: Path) -> Path:
+    out = tmp_path / "tiny-llama-cpu.yaml"
+    code = main(
+        ["profile", *TINY, "--gpu", "cpu", "--kv-tokens", "12000", "--context-limit", "4096",
+         "--max-running", "16", "--quick", "--max-mre", "1", "--out", str(out)]
+    )  # fmt: skip
+    assert code == 0
+    return out
+
+
+def test_profile_measures_fits_and_refits(tmp_path: Path) -> None:
+    out = _profile(tmp_path)
+    profile = load_profile_file(out)
+    assert profile.model == "tiny-llama" and profile.gpu == "cpu"
+    assert profile.kv.bytes_per_token == 2 * 2 * 16 * 2 * 4  # layers x K,V x kvh x d x fp32
+    report = json.loads(out.with_suffix(".json").read_text())
+    assert set(report["mre"]) == {"prefill", "suffix", "decode"}
+    assert report["switch"]["weights_unmoved"] is True
+    refit = tmp_path / "refit.yaml"
+    report_copy = str(tmp_path / "r.json")
+    argv = ["profile", "--from-report", str(out.with_suffix(".json")), "--gpu", "cpu"]
+    assert main([*argv, "--max-mre", "1", "--out", str(refit), "--report", report_copy]) == 0
+    assert load_profile_file(refit).prefill == profile.prefill
+
+
+@pytest.mark.parametrize(
+    ("argv", "field"),
+    [
+        (["profile", "--gpu-model", "gpt-9", "--out", "x.yaml"], "--gpu-model"),
+        (["profile", *TINY, "--kv-tokens", "100", "--out", "x.yaml"], "--kv-tokens"),
+        (["profile", *TINY, "--out", "x.yaml"], "--kv-tokens"),
+        (["profile", "--from-report", "missing.json", "--out", "x.yaml"], "--from-report"),
+        (["up", "--engine", "gpu", "--pd", "1P1D"], "--kv-transfer"),
+    ],
+)
+def test_bad_input_is_one_line_naming_the_field(
+    argv: list[str], field: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    os.chdir(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and field in err, err
+
+
+def test_triton_decode_kernel_matches_the_reference_in_the_interpreter() -> None:
+    """The GPU decode kernel's logic, run by Triton's CPU interpreter against gather + SDPA."""
+    pytest.importorskip("triton")
+    code = """
+import numpy as np, torch, triton.runtime.interpreter as I
+_orig = I._patch_lang_tensor
+def patched(tensor, scope):  # numpy >= 2.5 refuses int() of a 1-element array
+    _orig(tensor, scope)
+    scope.set_attr(tensor, "__index__", lambda s: int(np.asarray(s.handle.data).reshape(-1)[0]))
+I._patch_lang_tensor = patched
+from fluidpd_sidecar.gpu.attention import decode_attention_reference, decode_attention_triton
+torch.manual_seed(0)
+k, v = torch.randn(20, 16, 2, 32), torch.randn(20, 16, 2, 32)
+table = torch.randint(1, 20, (3, 8), dtype=torch.int32)
+lens = torch.tensor([1, 37, 100], dtype=torch.int32)
+q = torch.randn(3, 8, 32)
+ref = decode_attention_reference(q, k, v, table, lens)
+print(float((ref - decode_attention_triton(q, k, v, table, lens)).abs().max()))
+"""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert float(done.stdout.strip().splitlines()[-1]) < 1e-4
+
+
+def test_live_stack_serves_with_the_gpu_engine(tmp_path: Path) -> None:
+    """`fluidpd up --engine gpu` (1P1D, tiny shape on CPU, shm hand-off) answers completions."""
+    profile = _profile(tmp_path)
+    run_dir = tmp_path / "up"
+    port = 18000 + os.getpid() % 1000
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fluidpd.cli.main", "up", *TINY, "--engine", "gpu",
+         "--profile", str(profile), "--kv-transfer", "shm", "--kv-arena-mib", "64",
+         "--pd", "1P1D", "--policy", "fluidpd", "--port", str(port), "--run-dir", str(run_dir)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    try:
+        deadline = time.time() + 120
+        while not (run_dir / "endpoint").exists():
+            assert proc.poll() is None and time.time() < deadline, "stack did not come up"
+            time.sleep(0.5)
+        for n in (1, 7, 50):  # up to ~2K prompt tokens: split prefill, stolen suffixes
+            prompt = [i % 500 + 1 for i in range(40 * n)]
+            body = {"model": "tiny-llama", "prompt": prompt, "max_tokens": 6}
+            req = urllib.request.Request(
+                f"http://127.0.0.1:{port}/v1/completions",
+                data=json.dumps(body).encode(),
+                headers={"content-type": "application/json"},
+            )
+            with urllib.request.urlopen(req, timeout=60) as resp:
+                answer = json.loads(resp.read())
+            assert answer["usage"]["completion_tokens"] == 6
+            assert answer["choices"][0]["finish_reason"] == "length"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    for log in run_dir.glob("w*.log"):
+        assert "Traceback" not in log.read_text(), log
