@@ -52,10 +52,13 @@ def _save_hf(runner: ModelRunner, path: Path) -> None:
     }  # fmt: skip
     if cfg.rope_scaling is not None:
         rs = cfg.rope_scaling
-        hf["rope_scaling"] = {"rope_type": "llama3", "factor": rs.factor,
-                              "low_freq_factor": rs.low_freq_factor,
-                              "high_freq_factor": rs.high_freq_factor,
-                              "original_max_position_embeddings": rs.original_max_position}  # fmt: skip
+        hf["rope_scaling"] = {
+            "rope_type": "llama3",
+            "factor": rs.factor,
+            "low_freq_factor": rs.low_freq_factor,
+            "high_freq_factor": rs.high_freq_factor,
+            "original_max_position_embeddings": rs.original_max_position,
+        }
     (path / "config.json").write_text(json.dumps(hf))
 
 
