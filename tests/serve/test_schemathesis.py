@@ -60,7 +60,11 @@ def sidecar(fast_profile: Path) -> Iterator[str]:
 
 
 def test_sidecar_api_has_no_server_errors(sidecar: str) -> None:
-    result = schemathesis(sidecar)
+    # POST /retire is one-way (a retiring worker waits to be deleted and /readyz answers its
+    # documented 503 from then on), so it is fuzzed last, on its own.
+    result = schemathesis(sidecar, "--exclude-path", "/retire")
+    assert result.returncode == 0, result.stdout[-4000:]
+    result = schemathesis(sidecar, "--include-path", "/retire")
     assert result.returncode == 0, result.stdout[-4000:]
 
 
