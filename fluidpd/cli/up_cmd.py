@@ -43,8 +43,8 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "up",
         help="start a local FluidPD deployment (router + sidecars + controller)",
-        description="Starts N worker sidecars (sim engine), the router and, for policies with "
-        "FluidRole, the controller, as local processes on loopback. Prints the endpoint and "
+        description="Starts N worker sidecars (sim or gpu engine), the router and, for policies "
+        "with FluidRole, the controller, as local processes on loopback. Prints the endpoint and "
         "runs until Ctrl-C or SIGTERM, then stops everything.",
     )
     p.add_argument("--pd", default="4P4D", help="initial split (default 4P4D)")

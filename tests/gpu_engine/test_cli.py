@@ -124,3 +124,5 @@ def test_live_stack_serves_with_the_gpu_engine(tmp_path: Path) -> None:
         proc.wait(30)
     for log in run_dir.glob("w*.log"):
         assert "Traceback" not in log.read_text(), log
+    for pid_file in run_dir.glob("w*.pid"):  # the workers' shm arenas went with them
+        assert not list(Path("/dev/shm").glob(f"fluidpd-kv-{pid_file.read_text().strip()}-*"))

@@ -147,6 +147,11 @@ class SidecarService:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         await self.peers.close()
+        close = getattr(self.transfer, "close", None)
+        if self.transfer.name == "shm" and close is not None:
+            # Its arena is memory until unlinked, and uvicorn re-raises SIGTERM once shut down,
+            # so the process ends without running atexit handlers: release it here.
+            close()
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.ensure_future(coro)

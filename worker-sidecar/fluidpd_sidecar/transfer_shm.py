@@ -15,6 +15,7 @@ turns the receiver's address back into an offset of the mapped file.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import mmap
 import os
 import secrets
@@ -55,6 +56,9 @@ class ShmTransfer:
         self._lock = threading.Lock()
         self._peers: dict[str, tuple[mmap.mmap, np.ndarray, int]] = {}
         self._closed = False
+        # The arena lives in memory (tmpfs) until unlinked: removed by ``close`` (the sidecar
+        # calls it on shutdown) or at interpreter exit; a SIGKILLed process leaves it behind.
+        atexit.register(self.close)
 
     # -- receiver side -------------------------------------------------------------------------
     def reserve(self, nbytes: int) -> KVDest | None:
