@@ -76,7 +76,9 @@ def add_parser(sub: Any) -> None:
         "--engine",
         choices=("sim", "gpu"),
         default="sim",
-        help="sim: profile-timed steps; gpu: the torch transformer (all workers share --device)",
+        help="sim: profile-timed steps; gpu: the torch transformer (--device: one device for "
+        "every worker, or a comma-separated list, worker i on entry i mod its length, e.g. "
+        "cuda:0,cuda:1,...,cuda:7 for one worker per GPU)",
     )
     add_gpu_engine_options(p)
     p.add_argument("--kv-arena-mib", type=positive_int("--kv-arena-mib"), default=1024)
@@ -163,6 +165,9 @@ def run(args: argparse.Namespace) -> int:
     slo_config(args), fluidtoken_config(args), fluidrole_config(args)  # validate before starting
     if args.engine == "gpu" and args.kv_transfer == "sim":
         raise UserError("--kv-transfer: the gpu engine hands off real KV; use shm or mooncake")
+    devices = [d.strip() for d in args.device.split(",") if d.strip()]
+    if not devices:
+        raise UserError("--device: empty")
     base_port = args.base_port or args.port + 101
     ports = list(range(base_port, base_port + n_prefill + n_decode))
     if args.port in ports:
@@ -204,7 +209,8 @@ def run(args: argparse.Namespace) -> int:
             argv += ["--kv-transfer", args.kv_transfer, "--kv-arena-mib", str(args.kv_arena_mib)]
             if args.engine == "gpu":
                 argv += [
-                    "--engine", "gpu", "--gpu-model", args.gpu_model, "--device", args.device,
+                    "--engine", "gpu", "--gpu-model", args.gpu_model,
+                    "--device", devices[i % len(devices)],
                     "--dtype", args.dtype, "--weight-seed", str(args.weight_seed),
                 ]  # fmt: skip
                 if args.weights:

@@ -52,6 +52,7 @@ def test_profile_measures_fits_and_refits(tmp_path: Path) -> None:
         (["profile", *TINY, "--out", "x.yaml"], "--kv-tokens"),
         (["profile", "--from-report", "missing.json", "--out", "x.yaml"], "--from-report"),
         (["up", "--engine", "gpu", "--pd", "1P1D"], "--kv-transfer"),
+        (["up", "--engine", "gpu", "--kv-transfer", "shm", "--device", ","], "--device"),
     ],
 )
 def test_bad_input_is_one_line_naming_the_field(
@@ -91,13 +92,15 @@ print(float((ref - decode_attention_triton(q, k, v, table, lens)).abs().max()))
 
 
 def test_live_stack_serves_with_the_gpu_engine(tmp_path: Path) -> None:
-    """`fluidpd up --engine gpu` (1P1D, tiny shape on CPU, shm hand-off) answers completions."""
+    """`fluidpd up --engine gpu` (1P1D, tiny shape on CPU, shm hand-off) answers completions;
+    ``--device`` as a list gives each worker its own entry (one worker per GPU on a GPU host)."""
     profile = _profile(tmp_path)
     run_dir = tmp_path / "up"
     port = 18000 + os.getpid() % 1000
     proc = subprocess.Popen(
         [sys.executable, "-m", "fluidpd.cli.main", "up", *TINY, "--engine", "gpu",
          "--profile", str(profile), "--kv-transfer", "shm", "--kv-arena-mib", "64",
+         "--device", "cpu,cpu",
          "--pd", "1P1D", "--policy", "fluidpd", "--port", str(port), "--run-dir", str(run_dir)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         env={**os.environ, "OMP_NUM_THREADS": "1"},

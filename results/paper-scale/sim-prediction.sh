@@ -1,0 +1,2 @@
+fluidpd sim --profile profiles/llama-3.1-8b-h200.yaml --pd 4P4D --workload azure-mixed --rps 60,80 --num-requests 3000 --seed 0 --ttft-slo 2.0 --tpot-slo 0.1 --policy static,fluidpd,oracle --drain-mode wait --out results/paper-scale/sim-prediction-4p4d/azure-mixed --quiet
+fluidpd sim --profile profiles/llama-3.1-8b-h200.yaml --pd 4P4D --workload azure-staged --rps 60,80 --num-requests 30000 --seed 0 --ttft-slo 2.0 --tpot-slo 0.1 --policy static,fluidpd,oracle --drain-mode wait --out results/paper-scale/sim-prediction-4p4d/azure-staged --quiet
