@@ -50,6 +50,20 @@ async def fetch_pressure(session: aiohttp.ClientSession, url: str) -> dict[str, 
         return None
 
 
+async def post_admin(
+    session: aiohttp.ClientSession, url: str, body: dict[str, Any], headers: dict[str, str]
+) -> tuple[int, str]:
+    """POST a JSON body to a sidecar's admin endpoint: (status, text); status 0 when it could
+    not be reached in time."""
+    try:
+        async with session.post(
+            url, data=orjson.dumps(body), headers=headers, timeout=aiohttp.ClientTimeout(total=5.0)
+        ) as resp:
+            return resp.status, await resp.text()
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        return 0, str(exc)
+
+
 @dataclass(slots=True)
 class ControllerEvent:
     t: float
@@ -174,16 +188,8 @@ class FluidRoleController:
             and w != worker
         ]
         body = {"role": target.value, "drain": drain.value, "migrate_to": decode_urls}
-        try:
-            async with self.session.post(
-                f"{url}/role",
-                data=orjson.dumps(body),
-                headers=self.headers,
-                timeout=aiohttp.ClientTimeout(total=5.0),
-            ) as resp:
-                return resp.status == 200, (await resp.text())[:200]
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            return False, str(exc)
+        status, text = await post_admin(self.session, f"{url}/role", body, self.headers)
+        return status == 200, text[:200]
 
     async def resume(self, worker: str, target: Role, drain: DrainMode) -> bool:
         """Takes over a switch started before this controller (a restarted operator reads it

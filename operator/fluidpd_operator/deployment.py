@@ -28,6 +28,7 @@ from fluidpd.controller.loop import (
     FluidRoleController,
     WorkerSource,
     fetch_pressure,
+    post_admin,
 )
 from fluidpd.controller.metrics import ControllerMetrics, DeploymentMetrics
 from fluidpd.core.fallback import CapacityFallback, ScaleDecision, ScaleDirection
@@ -342,19 +343,11 @@ class DeploymentController:
             if w != _meta(pod)["name"] and r["role"] == Role.DECODE.value
         ]
         body = {"drain": self.spec.fluid_role.drain_mode.value, "migrate_to": others}
-        try:
-            async with self.session.post(
-                f"{url}/retire",
-                data=orjson.dumps(body),
-                headers=self.headers,
-                timeout=aiohttp.ClientTimeout(total=5.0),
-            ) as resp:
-                if resp.status == 200:
-                    answer: dict[str, Any] = orjson.loads(await resp.read())
-                    return answer
-                log.warning("retire %s: %s %s", _meta(pod)["name"], resp.status, await resp.text())
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            log.warning("retire %s: %s", _meta(pod)["name"], exc)
+        status, text = await post_admin(self.session, f"{url}/retire", body, self.headers)
+        if status == 200:
+            answer: dict[str, Any] = orjson.loads(text)
+            return answer
+        log.warning("retire %s: %s %s", _meta(pod)["name"], status, text[:200])
         return None
 
     async def finish_retirements(self) -> None:

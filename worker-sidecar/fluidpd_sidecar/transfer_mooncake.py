@@ -32,7 +32,6 @@ lazily when a ``MooncakeTransfer`` is built.
 from __future__ import annotations
 
 import asyncio
-import bisect
 import logging
 import mmap
 import threading
@@ -41,7 +40,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from fluidpd_sidecar.engine import KVRegion
+from fluidpd_sidecar.arena import (
+    DEFAULT_ALIGN,
+    ArenaSlots,
+    FirstFitAllocator,
+    TransferError,
+)
 from fluidpd_sidecar.transfer import KVDest
 
 if TYPE_CHECKING:
@@ -52,16 +56,11 @@ log = logging.getLogger(__name__)
 MOONCAKE_PIP = "mooncake-transfer-engine-non-cuda==0.3.13.post1"
 MOONCAKE_APT = "libibverbs1 libnuma1"
 PAGE = mmap.PAGESIZE
-DEFAULT_ALIGN = 4096
 
 # Arenas that ``close`` could not release because a transfer was still running on an engine
 # thread: kept referenced for the life of the process, because freeing memory that the engine
 # may still read or write would be a use-after-free inside C++ (a crash, not an exception).
 _LEAKED: list[object] = []
-
-
-class TransferError(RuntimeError):
-    """A Mooncake call failed (bad session, unreachable or dead peer, rejected address)."""
 
 
 class MooncakeUnavailableError(ImportError):
@@ -103,68 +102,7 @@ def _new_engine() -> _Engine:
     return engine
 
 
-class FirstFitAllocator:
-    """First-fit over ``[0, size)`` with ``align``-rounded blocks; frees coalesce neighbours.
-
-    KV hand-offs are few and large (one block per in-flight request), so a sorted free list
-    scanned linearly is simpler than a buddy or slab allocator and fast enough.
-    """
-
-    def __init__(self, size: int, align: int = DEFAULT_ALIGN) -> None:
-        if size <= 0 or align <= 0:
-            raise ValueError(f"size and align must be positive (got {size}, {align})")
-        self.size = size
-        self.align = align
-        self._free: list[tuple[int, int]] = [(0, size)]  # (offset, length), sorted, disjoint
-        self._used: dict[int, int] = {}  # offset -> rounded length
-
-    def _round(self, nbytes: int) -> int:
-        return -(-nbytes // self.align) * self.align
-
-    def alloc(self, nbytes: int) -> int | None:
-        """Offset of a free block of at least ``nbytes``, or None if none is large enough."""
-        if nbytes <= 0:
-            raise ValueError(f"nbytes must be positive (got {nbytes})")
-        need = self._round(nbytes)
-        for i, (off, length) in enumerate(self._free):
-            if length >= need:
-                if length == need:
-                    del self._free[i]
-                else:
-                    self._free[i] = (off + need, length - need)
-                self._used[off] = need
-                return off
-        return None
-
-    def free(self, offset: int) -> None:
-        length = self._used.pop(offset, None)
-        if length is None:
-            raise ValueError(f"offset {offset} is not allocated (double free?)")
-        i = bisect.bisect_left(self._free, (offset, 0))
-        # Merge with the following and the preceding free block so that a full arena that
-        # drains becomes one block again (no fragmentation left behind by a burst).
-        if i < len(self._free) and offset + length == self._free[i][0]:
-            length += self._free.pop(i)[1]
-        if i > 0 and self._free[i - 1][0] + self._free[i - 1][1] == offset:
-            offset, length = self._free[i - 1][0], self._free[i - 1][1] + length
-            i -= 1
-            del self._free[i]
-        self._free.insert(i, (offset, length))
-
-    def block_size(self, offset: int) -> int:
-        """The rounded length of an allocated block (KeyError if not allocated)."""
-        return self._used[offset]
-
-    @property
-    def free_bytes(self) -> int:
-        return sum(length for _, length in self._free)
-
-    @property
-    def largest_free(self) -> int:
-        return max((length for _, length in self._free), default=0)
-
-
-class MooncakeTransfer:
+class MooncakeTransfer(ArenaSlots):
     """A ``KVTransfer`` that moves real bytes with Mooncake's TCP transport.
 
     Each instance owns one ``TransferEngine`` (one listening RPC port and TCP transport) and
@@ -217,33 +155,6 @@ class MooncakeTransfer:
             raise TransferError(f"TransferEngine.register_memory({self.arena_bytes} B) -> {rc}")
         self._engine: _Engine | None = engine
         self.session = f"{hostname}:{engine.get_rpc_port()}"
-
-    # -- receiver side -------------------------------------------------------------------
-
-    def reserve(self, nbytes: int) -> KVDest | None:
-        """Room for an incoming KV inside the arena, or None while the arena is full."""
-        off = self._take(nbytes)
-        return None if off is None else KVDest(self.session, self.base + off, nbytes)
-
-    def free(self, dest: KVDest) -> None:
-        if dest.session != self.session:
-            raise ValueError(f"{dest} was not reserved here ({self.session})")
-        self._give_back(dest.addr)
-
-    # -- sender side ---------------------------------------------------------------------
-
-    def source_buffer(self, nbytes: int) -> KVRegion | None:
-        """A registered staging region for outgoing bytes, or None while the arena is full."""
-        off = self._take(nbytes)
-        return None if off is None else KVRegion(self.base + off, nbytes)
-
-    def release_source(self, region: KVRegion) -> None:
-        self._give_back(region.addr)
-
-    def view(self, addr: int, nbytes: int) -> memoryview:
-        """A writable view of ``nbytes`` of the arena at ``addr`` (to fill or to read KV)."""
-        off = self._offset(addr, nbytes)
-        return self._arena[off : off + nbytes].data
 
     async def send(self, src_addr: int | None, dest: KVDest | None, nbytes: int) -> float:
         """Write ``nbytes`` from this arena to ``dest``; returns the seconds the write took.
@@ -320,29 +231,3 @@ class MooncakeTransfer:
         tb: TracebackType | None,
     ) -> None:
         self.close()
-
-    @property
-    def free_bytes(self) -> int:
-        with self._lock:
-            return self._alloc.free_bytes
-
-    # -- helpers -------------------------------------------------------------------------
-
-    def _take(self, nbytes: int) -> int | None:
-        with self._lock:
-            if self._closed:
-                raise TransferError("MooncakeTransfer is closed")
-            return self._alloc.alloc(nbytes)
-
-    def _give_back(self, addr: int) -> None:
-        with self._lock:
-            self._alloc.free(addr - self.base)
-
-    def _offset(self, addr: int, nbytes: int) -> int:
-        off = addr - self.base
-        if nbytes < 0 or off < 0 or off + nbytes > self.arena_bytes:
-            raise ValueError(
-                f"[{addr:#x}, +{nbytes}) is outside this arena "
-                f"[{self.base:#x}, +{self.arena_bytes})"
-            )
-        return off

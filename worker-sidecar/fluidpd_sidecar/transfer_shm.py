@@ -25,9 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from fluidpd_sidecar.engine import KVRegion
+from fluidpd_sidecar.arena import ArenaSlots, FirstFitAllocator, TransferError
 from fluidpd_sidecar.transfer import KVDest
-from fluidpd_sidecar.transfer_mooncake import FirstFitAllocator, TransferError
 
 SHM_DIR = Path("/dev/shm")
 #: MAP_POPULATE pre-faults the mapping: without it the first hand-off into each page pays a
@@ -35,7 +34,7 @@ SHM_DIR = Path("/dev/shm")
 _FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
 
 
-class ShmTransfer:
+class ShmTransfer(ArenaSlots):
     name = "shm"
 
     def __init__(self, arena_bytes: int, directory: Path = SHM_DIR) -> None:
@@ -59,26 +58,6 @@ class ShmTransfer:
         # The arena lives in memory (tmpfs) until unlinked: removed by ``close`` (the sidecar
         # calls it on shutdown) or at interpreter exit; a SIGKILLed process leaves it behind.
         atexit.register(self.close)
-
-    # -- receiver side -------------------------------------------------------------------------
-    def reserve(self, nbytes: int) -> KVDest | None:
-        off = self._take(nbytes)
-        return None if off is None else KVDest(self.session, self.base + off, nbytes)
-
-    def free(self, dest: KVDest) -> None:
-        self._give_back(dest.addr)
-
-    # -- sender side ---------------------------------------------------------------------------
-    def source_buffer(self, nbytes: int) -> KVRegion | None:
-        off = self._take(nbytes)
-        return None if off is None else KVRegion(self.base + off, nbytes)
-
-    def release_source(self, region: KVRegion) -> None:
-        self._give_back(region.addr)
-
-    def view(self, addr: int, nbytes: int) -> memoryview:
-        off = self._offset(addr, nbytes)
-        return self._arena[off : off + nbytes].data
 
     async def send(self, src_addr: int | None, dest: KVDest | None, nbytes: int) -> float:
         if src_addr is None or dest is None or nbytes == 0:
@@ -118,11 +97,6 @@ class ShmTransfer:
         return hit[1], hit[2]
 
     # -- bookkeeping ---------------------------------------------------------------------------
-    @property
-    def free_bytes(self) -> int:
-        with self._lock:
-            return self._alloc.free_bytes
-
     def close(self) -> None:
         """Unlinks the arena file (mappings stay valid until the process lets go of them)."""
         if not self._closed:
@@ -131,19 +105,3 @@ class ShmTransfer:
 
     def __del__(self) -> None:
         self.close()
-
-    def _take(self, nbytes: int) -> int | None:
-        with self._lock:
-            if self._closed:
-                raise TransferError("ShmTransfer is closed")
-            return self._alloc.alloc(nbytes)
-
-    def _give_back(self, addr: int) -> None:
-        with self._lock:
-            self._alloc.free(addr - self.base)
-
-    def _offset(self, addr: int, nbytes: int) -> int:
-        off = addr - self.base
-        if nbytes < 0 or off < 0 or off + nbytes > self.arena_bytes:
-            raise ValueError(f"[{addr:#x}, +{nbytes}) is outside this arena")
-        return off
