@@ -175,6 +175,8 @@ class DeploymentController:
             c["type"]: c for c in body.get("status", {}).get("conditions", [])
         }
         self._router_sync: dict[str, tuple[float, bytes]] = {}
+        #: Pods with a switch intent from before this controller; None until first looked at.
+        self._inherited: set[str] | None = None
         self._scale_hint: Role | None = None
         self._errors: list[str] = []
         self.last_switch: dict[str, Any] | None = body.get("status", {}).get("lastSwitch")
@@ -386,6 +388,7 @@ class DeploymentController:
                 self, source, self.spec.fluidrole_config(), self.session, self.token, metrics
             )
             self._seen_events = 0
+            self._inherited = None
         return self.role_ctl
 
     async def record_intent(self, d: SwitchDecision) -> None:
@@ -399,18 +402,29 @@ class DeploymentController:
         })  # fmt: skip
 
     async def _resume_switches(self, ctl: FluidRoleController) -> None:
-        if ctl.in_flight is not None:
-            return
-        for pod in self.view.serving:
-            desired = annotation(pod, res.DESIRED_ROLE)
-            if desired is None:
+        """Take over the switches whose intent was on a pod when this controller started (a new
+        operator process, or new settings), one at a time; later intents are its own."""
+        if self._inherited is None:
+            if not ctl.reports:
+                return  # no sidecar has answered yet: look again next interval
+            self._inherited = {
+                _meta(p)["name"] for p in self.view.serving if annotation(p, res.DESIRED_ROLE)
+            }
+        pods = {_meta(p)["name"]: p for p in self.view.serving}
+        for name in sorted(self._inherited):
+            pod = pods.get(name)
+            desired = annotation(pod, res.DESIRED_ROLE) if pod else None
+            if pod is None or desired is None:
+                self._inherited.discard(name)
                 continue
-            name = _meta(pod)["name"]
+            if ctl.in_flight is not None:
+                return
             drain = DrainMode(annotation(pod, res.SWITCH_DRAIN) or DrainMode.WAIT.value)
             if await ctl.resume(name, Role(desired), drain):
+                self._inherited.discard(name)
                 log.info("%s/%s: resumed the switch of %s to %s", self.namespace, self.name,
                          name, desired)  # fmt: skip
-                return
+            return
 
     async def _handle_events(self, ctl: FluidRoleController) -> None:
         new: list[ControllerEvent] = ctl.events[self._seen_events :]
