@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import signal
 from typing import TYPE_CHECKING, Any
 
 from fluidpd.cli.errors import UserError
-from fluidpd.cli.options import add_service_options, positive_int
+from fluidpd.cli.options import add_service_options, configure_logging, positive_int
 from fluidpd.cli.policy_options import add_fluidrole_options, fluidrole_config
 from fluidpd.cli.router_cmd import parse_workers
 from fluidpd.core.fluidrole import FluidRoleConfig
@@ -51,9 +50,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("give --router or at least one --worker")
     static = parse_workers(args.worker)
     cfg = fluidrole_config(args)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s controller %(levelname)s %(message)s"
-    )
+    configure_logging(args.log_level, "controller")
     namespace, _, name = args.deployment.partition("/")
     if not namespace or not name:
         raise UserError(f"--deployment: expected NAMESPACE/NAME, got {args.deployment!r}")

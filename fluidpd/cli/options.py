@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import os
 from collections.abc import Callable
+from typing import Any
 
 from fluidpd.cli.errors import UserError
 
@@ -77,6 +79,29 @@ def add_service_options(parser: argparse.ArgumentParser, log_level: str = "warni
         help="bearer token on internal and admin endpoints (env FLUIDPD_ADMIN_TOKEN)",
     )
     parser.add_argument("--log-level", default=log_level, help=f"(default {log_level})")
+
+
+def configure_logging(log_level: str, tag: str) -> None:
+    """One log format for every FluidPD process, tagged with who is speaking."""
+    logging.basicConfig(
+        level=log_level.upper(), format=f"%(asctime)s {tag} %(levelname)s %(message)s"
+    )
+
+
+def serve_http(app: Any, args: argparse.Namespace) -> None:
+    """Serve an ASGI app the way every FluidPD HTTP process does (uvloop, httptools, no access
+    log: the request path is the hot path)."""
+    import uvicorn
+
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        access_log=False,
+        loop="uvloop",
+        http="httptools",
+    )
 
 
 def add_gpu_engine_options(parser: argparse.ArgumentParser) -> None:

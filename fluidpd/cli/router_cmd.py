@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import logging
 from typing import Any
 
 from fluidpd.cli.errors import UserError
-from fluidpd.cli.options import add_float, add_service_options, positive_int
+from fluidpd.cli.options import (
+    add_float,
+    add_service_options,
+    configure_logging,
+    positive_int,
+    serve_http,
+)
 from fluidpd.core.pairing import PAIRINGS
 from fluidpd.profiles import resolve_profile
 
@@ -46,7 +51,6 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import uvicorn
 
     from fluidpd.router.app import RouterConfig, create_app
 
@@ -60,16 +64,6 @@ def run(args: argparse.Namespace) -> int:
         first_token_timeout_s=args.first_token_timeout,
         poll_s=args.poll,
     )
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s router %(levelname)s %(message)s"
-    )
-    uvicorn.run(
-        create_app(cfg),
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
-        access_log=False,
-        loop="uvloop",
-        http="httptools",
-    )
+    configure_logging(args.log_level, "router")
+    serve_http(create_app(cfg), args)
     return 0

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import argparse
-import logging
 from typing import TYPE_CHECKING, Any
 
 from fluidpd.cli.errors import UserError
-from fluidpd.cli.options import add_float, add_gpu_engine_options, add_service_options, positive_int
+from fluidpd.cli.options import (
+    add_float,
+    add_gpu_engine_options,
+    add_service_options,
+    configure_logging,
+    positive_int,
+    serve_http,
+)
 from fluidpd.cli.policy_options import (
     add_fluidtoken_options,
     add_slo_options,
@@ -62,7 +68,6 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import uvicorn
 
     from fluidpd_sidecar.app import create_app
     from fluidpd_sidecar.engine import Engine, SimEngine
@@ -119,17 +124,7 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"--gpu-model/--weights: {exc}") from exc
     else:
         engine = SimEngine(profile, args.noise, args.drift, args.seed, staging=staging)
-    logging.basicConfig(
-        level=args.log_level.upper(), format=f"%(asctime)s {args.id} %(levelname)s %(message)s"
-    )
+    configure_logging(args.log_level, args.id)
     service = SidecarService(cfg, engine, transfer)
-    uvicorn.run(
-        create_app(service),
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
-        access_log=False,
-        loop="uvloop",
-        http="httptools",
-    )
+    serve_http(create_app(service), args)
     return 0
