@@ -146,3 +146,17 @@ def test_roles_for_new_pods() -> None:
     assert roles_for_new_pods(1, {Role.PREFILL: 1, Role.DECODE: 6}, s, False, None) == [
         Role.PREFILL
     ]
+
+
+@pytest.mark.parametrize(
+    ("argv", "field"),
+    [(["--liveness", "foo"], "--liveness"), (["--metrics-port", "-1"], "--metrics-port")],
+)
+def test_operator_cli_bad_input_is_one_line(
+    argv: list[str], field: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fluidpd.cli.main import main  # noqa: PLC0415
+
+    assert main(["operator", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and field in err, err
