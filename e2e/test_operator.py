@@ -320,35 +320,46 @@ def test_operator_killed_mid_drain_completes_the_switch(
     wait_for(lambda: len(router_workers(url)) == 4, timeout=30, what="the router knows 4 workers")
 
     def draining() -> str | None:
-        for p in worker_pods(cp, ns, name):
-            if p["metadata"].get("annotations", {}).get("fluidpd.io/desired-role"):
-                w = router_workers(url).get(p["metadata"]["name"], {})
-                if w.get("state") == "drain":
-                    return str(p["metadata"]["name"])
+        # The router's view first (one cheap HTTP call), then the intent on the pod.
+        for worker, info in router_workers(url).items():
+            if info.get("state") == "drain":
+                pod = next(p for p in worker_pods(cp, ns, name) if p["metadata"]["name"] == worker)
+                if pod["metadata"].get("annotations", {}).get("fluidpd.io/desired-role"):
+                    return worker
         return None
 
-    long_outputs = BackgroundLoad(url, duration_s=40.0, rps=2.0, prompt_len=(100, 300),
+    def decode_busy() -> bool:
+        decode = [w for w in router_workers(url).values() if w.get("role") == "decode"]
+        return len(decode) == 3 and all(int(w.get("batch", 0)) >= 2 for w in decode)
+
+    long_outputs = BackgroundLoad(url, duration_s=50.0, rps=2.0, prompt_len=(100, 300),
                                   max_tokens=(300, 500), seed=1)  # fmt: skip
-    with long_outputs, _long_prompts(url, 40.0) as load:
-        victim = wait_for(draining, timeout=90, what="a worker draining for a switch", interval=0.2)
-        operator.kill()
-        uid = next(p for p in worker_pods(cp, ns, name) if p["metadata"]["name"] == victim)[
-            "metadata"
-        ]["uid"]
-        # With nobody to flip it, the label stays while the sidecar finishes on its own.
-        wait_for(lambda: router_workers(url)[victim]["role"] == "prefill", timeout=120,
-                 what="the sidecar to finish its switch")  # fmt: skip
-        pod = next(p for p in worker_pods(cp, ns, name) if p["metadata"]["name"] == victim)
-        assert pod["metadata"]["labels"][ROLE] == "decode"
-        operator.start()
+    with long_outputs:
+        # Long outputs on every decode worker before prefill pressure builds: the victim is the
+        # cheapest to drain, and one with nothing in flight would drain within a single poll.
+        wait_for(decode_busy, timeout=30, what="long outputs on every decode worker")
+        with _long_prompts(url, 40.0) as load:
+            victim = wait_for(
+                draining, timeout=90, what="a worker draining for a switch", interval=0.2
+            )
+            operator.kill()
+            uid = next(p for p in worker_pods(cp, ns, name) if p["metadata"]["name"] == victim)[
+                "metadata"
+            ]["uid"]
+            # With nobody to flip it, the label stays while the sidecar finishes on its own.
+            wait_for(lambda: router_workers(url)[victim]["role"] == "prefill", timeout=120,
+                     what="the sidecar to finish its switch")  # fmt: skip
+            pod = next(p for p in worker_pods(cp, ns, name) if p["metadata"]["name"] == victim)
+            assert pod["metadata"]["labels"][ROLE] == "decode"
+            operator.start()
 
-        def flipped() -> bool:
-            p = next(p for p in worker_pods(cp, ns, name) if p["metadata"]["name"] == victim)
-            return p["metadata"]["labels"][ROLE] == "prefill" and not p["metadata"].get(
-                "annotations", {}
-            ).get("fluidpd.io/desired-role")
+            def flipped() -> bool:
+                p = next(p for p in worker_pods(cp, ns, name) if p["metadata"]["name"] == victim)
+                return p["metadata"]["labels"][ROLE] == "prefill" and not p["metadata"].get(
+                    "annotations", {}
+                ).get("fluidpd.io/desired-role")
 
-        wait_for(flipped, timeout=60, what="the restarted operator to finish the switch")
+            wait_for(flipped, timeout=60, what="the restarted operator to finish the switch")
     pod = next(p for p in worker_pods(cp, ns, name) if p["metadata"]["name"] == victim)
     assert pod["metadata"]["uid"] == uid and restarts(pod) == 0
     assert events(cp, ns, "SwitchResumed") and events(cp, ns, "SwitchCompleted")
