@@ -18,7 +18,12 @@ from typing import Any
 import yaml
 
 from fluidpd.cli.errors import UserError
-from fluidpd.cli.options import add_float, add_gpu_engine_options, positive_int
+from fluidpd.cli.options import (
+    add_float,
+    add_gpu_engine_options,
+    non_negative_float,
+    positive_int,
+)
 
 
 class _Dumper(yaml.SafeDumper):
@@ -59,7 +64,15 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--context-limit", type=positive_int("--context-limit"), default=16384)
     p.add_argument("--max-running", type=positive_int("--max-running"), default=256)
     p.add_argument("--quick", action="store_true", help="small grid (CPU checks, CI)")
-    p.add_argument("--repeat", type=positive_int("--repeat"), default=None)
+    p.add_argument(
+        "--repeat", type=positive_int("--repeat"), default=None, help="fewest runs per point"
+    )
+    p.add_argument(
+        "--min-time",
+        type=non_negative_float("--min-time"),
+        default=None,
+        help="seconds of runs per point at least (default 0.25; 0 with --quick)",
+    )
     add_float(p, "--max-mre", 0.10, "exit 1 if any predictor's mean relative error is above")
     p.set_defaults(func=run)
 
@@ -131,6 +144,8 @@ def _measure(args: argparse.Namespace, cfg: Any) -> dict[str, Any]:
     grid = profiler.quick_grid() if args.quick else profiler.Grid()
     if args.repeat:
         grid.repeat = args.repeat
+    if args.min_time is not None:
+        grid.min_time_s = args.min_time
     t_start = time.time()
     runner = ModelRunner(cfg, opts)
     engine = GpuEngine(runner, Role.PREFILL)

@@ -3,9 +3,12 @@
 Every timing is wall time around the engine's own code path with a device sync at both ends
 (what the scheduler waits for): ``ModelRunner.prefill`` for prompts and for suffix extends on
 a resident prefix, ``ModelRunner.decode`` (CUDA-graph replay on the GPU) for decode steps,
-and the wire staging + shm copy + load for hand-offs. Each point is the median of ``repeat``
-runs after one warm-up. Decode points use requests whose cache pages are allocated but not
-filled: a step's time does not depend on the values in the cache.
+and the wire staging + shm copy + load for hand-offs. Each point is the median of at least
+``repeat`` runs after one warm-up, repeated (like ``timeit``'s autorange) until ``min_time_s``
+of runs have passed: a launch-bound small shape takes a few milliseconds and a median of three
+of those moved by tens of percent with the host's noise. Decode points use requests whose cache
+pages are allocated but not filled (a step's time does not depend on the values in the cache),
+reset to the same context before every run.
 """
 
 from __future__ import annotations
@@ -31,20 +34,24 @@ class Grid:
     decode_batch: list[int] = field(default_factory=lambda: [1, 4, 8, 16, 32, 64, 128])
     decode_context: list[int] = field(default_factory=lambda: [256, 1024, 2048, 4096])
     transfer_tokens: list[int] = field(default_factory=lambda: [64, 256, 1024, 4096])
-    repeat: int = 3
+    repeat: int = 5
+    min_time_s: float = 0.25
+    max_repeat: int = 400
 
 
 def quick_grid() -> Grid:
     """A small grid for CPU checks and CI."""
     return Grid([16, 32, 64, 96, 128], [8, 16, 32, 64], [32], [1, 2, 4, 8], [32, 64, 128],
-                [16, 64], 2)  # fmt: skip
+                [16, 64], 2, 0.0)  # fmt: skip
 
 
-def _timed(runner: ModelRunner, fn: Callable[[], Any], repeat: int) -> float:
+def _timed(runner: ModelRunner, fn: Callable[[], Any], grid: Grid) -> float:
     fn()
     runner.sync()
-    times = []
-    for _ in range(repeat):
+    times: list[float] = []
+    while len(times) < grid.max_repeat and (
+        len(times) < grid.repeat or sum(times) < grid.min_time_s
+    ):
         t0 = time.perf_counter()
         fn()
         runner.sync()
@@ -63,7 +70,7 @@ def measure_prefill(runner: ModelRunner, grid: Grid, rid: int = 1) -> list[dict[
             runner.prefill(rid, ids)
             runner.release(rid)
 
-        rows.append({"tokens": n, "s": _timed(runner, once, grid.repeat)})
+        rows.append({"tokens": n, "s": _timed(runner, once, grid)})
     return rows
 
 
@@ -80,7 +87,7 @@ def measure_suffix(runner: ModelRunner, grid: Grid, rid: int = 2) -> list[dict[s
                 runner.prefill(rid, ids[p:], start=p)
                 runner.cache.lengths[rid] = p  # the next repeat extends the same prefix
 
-            rows.append({"prefix": p, "tokens": x, "s": _timed(runner, once, grid.repeat)})
+            rows.append({"prefix": p, "tokens": x, "s": _timed(runner, once, grid)})
             runner.release(rid)
     return rows
 
@@ -88,24 +95,25 @@ def measure_suffix(runner: ModelRunner, grid: Grid, rid: int = 2) -> list[dict[s
 def measure_decode(runner: ModelRunner, grid: Grid, base_rid: int = 1000) -> list[dict[str, float]]:
     rows = []
     cache = runner.cache
-    steps = grid.repeat + 1
     for n in grid.decode_batch:
         if n > runner.buckets[-1]:
             continue
         for c in grid.decode_context:
-            if c + steps + 1 > runner.opts.max_context:
+            if c + 2 > runner.opts.max_context:
                 continue
-            if n * (c + steps + cache.page_size) > cache.capacity_tokens:
+            if n * (c + 1 + cache.page_size) > cache.capacity_tokens:
                 continue
             rids = list(range(base_rid, base_rid + n))
             for r in rids:
                 cache.ensure(r, c)
             last = [1] * n
 
-            def once(rids: list[int] = rids, last: list[int] = last) -> None:
+            def once(rids: list[int] = rids, last: list[int] = last, c: int = c) -> None:
+                for r in rids:
+                    cache.lengths[r] = c  # every run is a step at the same context
                 runner.decode(rids, last)
 
-            s = _timed(runner, once, grid.repeat)
+            s = _timed(runner, once, grid)
             rows.append({"batch": n, "context_per_request": c, "context": n * (c + 2), "s": s})
             for r in rids:
                 runner.release(r)
@@ -154,7 +162,7 @@ def measure_transfer(runner: ModelRunner, grid: Grid, rid: int = 3) -> list[dict
             parts["copy"].append(t2 - t1)
             parts["load"].append(time.perf_counter() - t2)
 
-        s = _timed(runner, once, grid.repeat)
+        s = _timed(runner, once, grid)
         med = {k: statistics.median(v) for k, v in parts.items()}
         rows.append({"tokens": n, "bytes": nbytes, "s": s, **{f"{k}_s": v for k, v in med.items()}})
         src.release_source(region)
