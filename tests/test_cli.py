@@ -77,13 +77,14 @@ def test_same_seed_gives_identical_results(tmp_path: Path) -> None:
 
 
 BAD_OPTIONS = [
-    (["--rps", "abc"], "--rps"),
-    (["--rps", "-5"], "--rps"),
+    (["--rps", "abc"], "argument --rps: expected a number, got 'abc'"),
+    (["--rps", "10,-5"], "argument --rps: must be positive, got '-5'"),
     (["--pd", "4X4"], "--pd"),
     (["--pd", "0P4D"], "--pd"),
     (["--policy", "fastest"], "--policy"),
-    (["--ttft-slo", "0"], "--ttft-slo"),
-    (["--num-requests", "0"], "--num-requests"),
+    (["--ttft-slo", "0"], "argument --ttft-slo: must be positive, got '0'"),
+    (["--num-requests", "0"], "argument --num-requests: must be positive, got '0'"),
+    (["--num-requests", "1.5"], "argument --num-requests: expected an integer, got '1.5'"),
     (["--workload", "no-such-workload"], "no-such-workload"),
     (["--model", "gpt-17"], "gpt-17"),
     (["--drain-mode", "never"], "--drain-mode"),

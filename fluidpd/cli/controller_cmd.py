@@ -29,7 +29,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--worker", action="append", default=[], metavar="ID=URL")
     p.add_argument(
         "--metrics-port",
-        type=positive_int("--metrics-port"),
+        type=positive_int,
         default=None,
         help="serve the controller's Prometheus metrics on this port (/metrics; default: off)",
     )

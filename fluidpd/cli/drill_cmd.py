@@ -41,8 +41,8 @@ def add_parser(sub: Any) -> None:
     drills = p.add_subparsers(dest="drill", required=True, parser_class=type(p))
     s = drills.add_parser("switches", help="role switches in both directions under load")
     s.add_argument("--pd", default="3P3D")
-    s.add_argument("--switches", type=positive_int("--switches"), default=20)
-    s.add_argument("--rps", type=positive_float("--rps"), default=8.0)
+    s.add_argument("--switches", type=positive_int, default=20)
+    s.add_argument("--rps", type=positive_float, default=8.0)
     s.add_argument("--out", default="out/drills/switches.json")
     s.set_defaults(func=run_switches)
     k = drills.add_parser("kill", help="SIGKILL a worker under load")
@@ -50,12 +50,12 @@ def add_parser(sub: Any) -> None:
     k.add_argument(
         "--worker", default=None, help="worker to kill (default: the busiest decode worker)"
     )
-    k.add_argument("--rps", type=positive_float("--rps"), default=8.0)
+    k.add_argument("--rps", type=positive_float, default=8.0)
     k.add_argument("--out", default="out/drills/kill.json")
     k.set_defaults(func=run_kill)
     o = drills.add_parser("router-overhead", help="router vs direct sidecar calls")
-    o.add_argument("--rps", type=positive_float("--rps"), default=200.0)
-    o.add_argument("--duration", type=positive_float("--duration"), default=20.0)
+    o.add_argument("--rps", type=positive_float, default=200.0)
+    o.add_argument("--duration", type=positive_float, default=20.0)
     o.add_argument("--out", default="out/drills/router-overhead.json")
     o.set_defaults(func=run_overhead)
 

@@ -28,8 +28,8 @@ def add_parser(sub: Any) -> None:
         "--policies", default="static,fluidpd", help="comma list (default static,fluidpd)"
     )
     p.add_argument("--workload", default="azure-mixed")
-    p.add_argument("--rps", type=positive_float("--rps"), default=20.0)
-    p.add_argument("--num-requests", type=positive_int("--num-requests"), default=1000)
+    p.add_argument("--rps", type=positive_float, default=20.0)
+    p.add_argument("--num-requests", type=positive_int, default=1000)
     p.add_argument("--pd", default="4P4D")
     p.add_argument("--model", default="llama-3.1-8b")
     p.add_argument("--gpu", default="a100-80gb")

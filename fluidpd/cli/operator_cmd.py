@@ -36,7 +36,7 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument(
         "--metrics-port",
-        type=positive_int("--metrics-port"),
+        type=positive_int,
         default=None,
         help="serve the controllers' Prometheus metrics on this port",
     )

@@ -1,4 +1,9 @@
-"""Option parsers shared by subcommands; each raises a one-line error naming the option."""
+"""Option parsers shared by subcommands; each raises a one-line error naming the option.
+
+The parsers raise ``argparse.ArgumentTypeError``: argparse prefixes the option's name and keeps
+the message, where any other error (``UserError`` is a ``ValueError``) becomes a bare
+"invalid parse value" that hides the reason.
+"""
 
 from __future__ import annotations
 
@@ -6,57 +11,43 @@ import argparse
 import logging
 import math
 import os
-from collections.abc import Callable
 from typing import Any
 
-from fluidpd.cli.errors import UserError
+
+def _number(text: str, kind: type[float] | type[int], *, allow_zero: bool) -> float:
+    noun = "an integer" if kind is int else "a number"
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {noun}, got {text!r}") from None
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "positive"
+        raise argparse.ArgumentTypeError(f"must be {bound}, got {text!r}")
+    return value
 
 
-def _float(name: str, allow_zero: bool) -> Callable[[str], float]:
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise UserError(f"{name}: expected a number, got {text!r}") from None
-        if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
-            bound = ">= 0" if allow_zero else "a positive number"
-            raise UserError(f"{name}: must be {bound}, got {text!r}")
-        return value
-
-    return parse
+def positive_float(text: str) -> float:
+    return float(_number(text, float, allow_zero=False))
 
 
-def positive_float(name: str) -> Callable[[str], float]:
-    return _float(name, allow_zero=False)
+def non_negative_float(text: str) -> float:
+    return float(_number(text, float, allow_zero=True))
 
 
-def non_negative_float(name: str) -> Callable[[str], float]:
-    return _float(name, allow_zero=True)
+def positive_int(text: str) -> int:
+    return int(_number(text, int, allow_zero=False))
 
 
-def positive_int(name: str) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise UserError(f"{name}: expected an integer, got {text!r}") from None
-        if value <= 0:
-            raise UserError(f"{name}: must be a positive integer, got {text!r}")
-        return value
-
-    return parse
+def non_negative_int(text: str) -> int:
+    return int(_number(text, int, allow_zero=True))
 
 
-def float_list(name: str) -> Callable[[str], list[float]]:
-    one = positive_float(name)
-
-    def parse(text: str) -> list[float]:
-        parts = [p.strip() for p in text.split(",") if p.strip()]
-        if not parts:
-            raise UserError(f"{name}: expected a comma-separated list of numbers")
-        return list(dict.fromkeys(one(p) for p in parts))
-
-    return parse
+def float_list(text: str) -> list[float]:
+    """Comma-separated positive numbers, duplicates dropped (e.g. ``--rps 10,20,30``)."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError("expected a comma-separated list of numbers")
+    return list(dict.fromkeys(positive_float(p) for p in parts))
 
 
 def add_float(
@@ -67,7 +58,7 @@ def add_float(
     *,
     allow_zero: bool = False,
 ) -> None:
-    parse = non_negative_float(flag) if allow_zero else positive_float(flag)
+    parse = non_negative_float if allow_zero else positive_float
     group.add_argument(flag, type=parse, default=default, help=f"{help_text} (default {default})")
 
 

@@ -57,19 +57,17 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--report", default=None, help="JSON report (default: --out with .json)")
     p.add_argument(
         "--kv-tokens",
-        type=positive_int("--kv-tokens"),
+        type=positive_int,
         default=None,
         help="KV pool of one worker, tokens (default on CUDA: 85%% of free memory after weights)",
     )
-    p.add_argument("--context-limit", type=positive_int("--context-limit"), default=16384)
-    p.add_argument("--max-running", type=positive_int("--max-running"), default=256)
+    p.add_argument("--context-limit", type=positive_int, default=16384)
+    p.add_argument("--max-running", type=positive_int, default=256)
     p.add_argument("--quick", action="store_true", help="small grid (CPU checks, CI)")
-    p.add_argument(
-        "--repeat", type=positive_int("--repeat"), default=None, help="fewest runs per point"
-    )
+    p.add_argument("--repeat", type=positive_int, default=None, help="fewest runs per point")
     p.add_argument(
         "--min-time",
-        type=non_negative_float("--min-time"),
+        type=non_negative_float,
         default=None,
         help="seconds of runs per point at least (default 0.25; 0 with --quick)",
     )

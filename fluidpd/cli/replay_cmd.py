@@ -19,7 +19,7 @@ import httpx
 from tqdm import tqdm
 
 from fluidpd.cli.errors import UserError
-from fluidpd.cli.options import add_float, positive_float, positive_int
+from fluidpd.cli.options import add_float, non_negative_int, positive_float, positive_int
 from fluidpd.core.types import SLO
 from fluidpd.replay.client import (
     EndpointUnreachable,
@@ -85,7 +85,7 @@ def add_parser(sub: Any) -> None:
     )
     t.add_argument(
         "--max-concurrency",
-        type=positive_int("--max-concurrency"),
+        type=positive_int,
         default=None,
         help="at most this many requests in flight; waiting for a slot counts toward TTFT",
     )
@@ -95,19 +95,17 @@ def add_parser(sub: Any) -> None:
         default="azure-mixed",
         help=f"{', '.join(WORKLOAD_NAMES)}, or a trace CSV path (default azure-mixed)",
     )
-    w.add_argument(
-        "--rps", type=positive_float("--rps"), default=20.0, help="request rate (default 20)"
-    )
+    w.add_argument("--rps", type=positive_float, default=20.0, help="request rate (default 20)")
     w.add_argument(
         "--num-requests",
-        type=positive_int("--num-requests"),
+        type=positive_int,
         default=None,
         help="replay the first N requests (default: all)",
     )
-    w.add_argument("--seed", type=_non_negative_int("--seed"), default=0, help="(default 0)")
+    w.add_argument("--seed", type=non_negative_int, default=0, help="(default 0)")
     w.add_argument(
         "--context-limit",
-        type=positive_int("--context-limit"),
+        type=positive_int,
         default=DEFAULT_CONTEXT_LIMIT,
         help=f"cap prompt + output at this many tokens, as the simulator does "
         f"(default {DEFAULT_CONTEXT_LIMIT})",
@@ -142,19 +140,6 @@ def add_parser(sub: Any) -> None:
     o.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     o.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
-
-
-def _non_negative_int(name: str) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise UserError(f"{name}: expected an integer, got {text!r}") from None
-        if value < 0:
-            raise UserError(f"{name}: must be >= 0, got {text!r}")
-        return value
-
-    return parse
 
 
 def normalize_endpoint(text: str) -> str:

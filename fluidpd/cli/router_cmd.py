@@ -32,7 +32,7 @@ def parse_workers(items: list[str]) -> dict[str, str]:
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("router", help="run the OpenAI-compatible router")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=positive_int("--port"), default=8000)
+    p.add_argument("--port", type=positive_int, default=8000)
     p.add_argument(
         "--worker",
         action="append",

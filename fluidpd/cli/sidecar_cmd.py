@@ -41,13 +41,13 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--id", required=True, help="worker id, unique in the deployment")
     p.add_argument("--role", choices=[r.value for r in Role], required=True, help="initial role")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=positive_int("--port"), default=8100)
+    p.add_argument("--port", type=positive_int, default=8100)
     p.add_argument("--url", default=None, help="URL peers reach this sidecar at")
     p.add_argument("--engine", choices=ENGINES, default="sim")
     p.add_argument("--kv-transfer", choices=TRANSFERS, default="sim")
     p.add_argument(
         "--kv-arena-mib",
-        type=positive_int("--kv-arena-mib"),
+        type=positive_int,
         default=1024,
         help="mooncake/shm: registered host memory for KV hand-offs, MiB",
     )

@@ -61,8 +61,8 @@ def add_parser(sub: Any) -> None:
         help=f"{', '.join(WORKLOAD_NAMES)}, or a trace CSV path; comma-separated for several "
         "(default azure-mixed)",
     )
-    w.add_argument("--rps", type=float_list("--rps"), default=[20.0], help="rates, e.g. 10,20,30")
-    w.add_argument("--num-requests", type=positive_int("--num-requests"), default=None)
+    w.add_argument("--rps", type=float_list, default=[20.0], help="rates, e.g. 10,20,30")
+    w.add_argument("--num-requests", type=positive_int, default=None)
     w.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     add_slo_options(p.add_argument_group("SLOs (seconds)"))
     r = p.add_argument_group("policies")
@@ -71,7 +71,7 @@ def add_parser(sub: Any) -> None:
     add_fluidrole_options(r)
     r.add_argument(
         "--autoscale-max-workers",
-        type=positive_int("--autoscale-max-workers"),
+        type=positive_int,
         default=None,
         help="autoscale baseline GPU cap (default: workers in --pd + 2)",
     )
@@ -86,11 +86,11 @@ def add_parser(sub: Any) -> None:
     add_float(e, "--timeout", 60.0, "cancel requests without a first token after this long, s")
     o = p.add_argument_group("output")
     o.add_argument("--out", default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
-    o.add_argument("--jobs", type=positive_int("--jobs"), default=default_jobs())
+    o.add_argument("--jobs", type=positive_int, default=default_jobs())
     o.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     o.add_argument(
         "--timeseries-rps",
-        type=positive_float("--timeseries-rps"),
+        type=positive_float,
         default=None,
         help="rate whose time series are plotted (default: the middle of --rps)",
     )

@@ -53,10 +53,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--gpu", default="a100-80gb")
     p.add_argument("--profile", default=None, help="profile YAML (replaces --model/--gpu)")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=positive_int("--port"), default=8000, help="router port")
+    p.add_argument("--port", type=positive_int, default=8000, help="router port")
     p.add_argument(
         "--base-port",
-        type=positive_int("--base-port"),
+        type=positive_int,
         default=None,
         help="first sidecar port (default: --port + 101)",
     )
@@ -81,7 +81,7 @@ def add_parser(sub: Any) -> None:
         "cuda:0,cuda:1,...,cuda:7 for one worker per GPU)",
     )
     add_gpu_engine_options(p)
-    p.add_argument("--kv-arena-mib", type=positive_int("--kv-arena-mib"), default=1024)
+    p.add_argument("--kv-arena-mib", type=positive_int, default=1024)
     p.add_argument("--pairing", choices=("round-robin", "least-loaded"), default="round-robin")
     add_float(p, "--first-token-timeout", 60.0, "router: cancel without a first token after, s")
     p.add_argument(
@@ -94,11 +94,11 @@ def add_parser(sub: Any) -> None:
     add_fluidrole_options(p)
     p.add_argument(
         "--controller-metrics-port",
-        type=positive_int("--controller-metrics-port"),
+        type=positive_int,
         default=None,
         help="the controller serves its Prometheus metrics on this port (default: off)",
     )
-    p.add_argument("--ready-timeout", type=positive_int("--ready-timeout"), default=60)
+    p.add_argument("--ready-timeout", type=positive_int, default=60)
     p.set_defaults(func=run)
 
 
