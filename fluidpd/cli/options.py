@@ -13,6 +13,8 @@ import math
 import os
 from typing import Any
 
+from fluidpd.cli.errors import UserError
+
 
 def _number(text: str, kind: type[float] | type[int], *, allow_zero: bool) -> float:
     noun = "an integer" if kind is int else "a number"
@@ -110,3 +112,15 @@ def add_gpu_engine_options(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--weight-seed", type=int, default=0, help="seed of the generated weights")
     g.add_argument("--device", default="cuda", help="torch device (cuda, cuda:1, cpu)")
     g.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
+
+
+def check_gpu_devices(devices: list[str]) -> None:
+    """Each ``--device`` usable by the gpu engine, or one line naming the bad one (imports torch:
+    call only when the gpu engine is asked for)."""
+    from fluidpd_sidecar.gpu.device import check_device
+
+    for text in devices:
+        try:
+            check_device(text)
+        except ValueError as exc:
+            raise UserError(f"--device: {exc}") from None

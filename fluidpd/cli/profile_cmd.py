@@ -21,6 +21,7 @@ from fluidpd.cli.errors import UserError
 from fluidpd.cli.options import (
     add_float,
     add_gpu_engine_options,
+    check_gpu_devices,
     non_negative_float,
     positive_int,
 )
@@ -125,6 +126,7 @@ def _measure(args: argparse.Namespace, cfg: Any) -> dict[str, Any]:
     from fluidpd_sidecar.gpu.engine import GpuEngine
     from fluidpd_sidecar.gpu.runner import ModelRunner, RunnerOptions
 
+    check_gpu_devices([args.device])
     esize = torch.empty(0, dtype=getattr(torch, args.dtype)).element_size()
     bpt = cfg.kv_bytes_per_token * esize // 2
     weight_bytes = cfg.params()["total"] * esize

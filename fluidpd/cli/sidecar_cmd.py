@@ -10,6 +10,7 @@ from fluidpd.cli.options import (
     add_float,
     add_gpu_engine_options,
     add_service_options,
+    check_gpu_devices,
     configure_logging,
     positive_int,
     serve_http,
@@ -91,6 +92,8 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.engine == "gpu" and args.kv_transfer == "sim":
         raise UserError("--kv-transfer: the gpu engine hands off real KV; use shm or mooncake")
+    if args.engine == "gpu":
+        check_gpu_devices([args.device])  # before a KV arena is made
     transfer: KVTransfer
     staging: ShmTransfer | MooncakeTransfer | None = None
     if args.kv_transfer == "mooncake":

@@ -23,7 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from fluidpd.cli.errors import UserError
-from fluidpd.cli.options import add_float, add_gpu_engine_options, positive_int
+from fluidpd.cli.options import (
+    add_float,
+    add_gpu_engine_options,
+    check_gpu_devices,
+    positive_int,
+)
 from fluidpd.cli.policy_options import (
     add_fluidrole_options,
     add_fluidtoken_options,
@@ -168,6 +173,8 @@ def run(args: argparse.Namespace) -> int:
     devices = [d.strip() for d in args.device.split(",") if d.strip()]
     if not devices:
         raise UserError("--device: empty")
+    if args.engine == "gpu":
+        check_gpu_devices(devices)
     base_port = args.base_port or args.port + 101
     ports = list(range(base_port, base_port + n_prefill + n_decode))
     if args.port in ports:

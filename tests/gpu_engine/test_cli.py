@@ -44,6 +44,9 @@ def test_profile_measures_fits_and_refits(tmp_path: Path) -> None:
     assert load_profile_file(refit).prefill == profile.prefill
 
 
+DEVICE_SIDECAR = ["sidecar", "--id", "w0", "--role", "prefill", "--engine", "gpu"]
+
+
 @pytest.mark.parametrize(
     ("argv", "field"),
     [
@@ -53,8 +56,14 @@ def test_profile_measures_fits_and_refits(tmp_path: Path) -> None:
         (["profile", "--from-report", "missing.json", "--out", "x.yaml"], "--from-report"),
         (["up", "--engine", "gpu", "--pd", "1P1D"], "--kv-transfer"),
         (["up", "--engine", "gpu", "--kv-transfer", "shm", "--device", ","], "--device"),
+        (["up", "--engine", "gpu", "--kv-transfer", "shm", "--device", "cpu,cuda:x"],
+         "--device: 'cuda:x' is not a torch device"),
+        (["profile", "--gpu-model", "tiny-llama", "--device", "mps", "--kv-tokens", "9000",
+          "--out", "x.yaml"], "--device: 'mps': the gpu engine runs on cuda or cpu"),
+        ([*DEVICE_SIDECAR, "--kv-transfer", "shm", "--device", "cuda:x"],
+         "--device: 'cuda:x' is not a torch device"),
     ],
-)
+)  # fmt: skip
 def test_bad_input_is_one_line_naming_the_field(
     argv: list[str], field: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
