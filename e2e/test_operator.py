@@ -394,6 +394,30 @@ def test_invalid_objects_are_rejected(
     assert 'The FluidPDDeployment "bad" is invalid' in err.value.stderr
 
 
+def test_a_backend_the_sidecar_lacks_is_degraded_not_a_crash_loop(
+    control_plane: ControlPlane, operator: Operator, namespace: str
+) -> None:
+    cp, ns, name = control_plane, namespace, "planned"
+    apply(cp, ns, deployment(name, workers=2, prefill=1, engine={"backend": "sglang"}))
+
+    def degraded() -> str | None:
+        for c in status(cp, ns, name).get("conditions", []):
+            if c["type"] == "Degraded" and c["status"] == "True":
+                return str(c["message"])
+        return None
+
+    message = wait_for(degraded, timeout=60, what="Degraded=True")
+    assert "engine.backend 'sglang'" in message and "no workers are created" in message
+    warned = wait_for(lambda: events(cp, ns, "UnsupportedBackend"), timeout=30, what="an Event")
+    assert warned[0]["type"] == "Warning"
+    assert not worker_pods(cp, ns, name)
+    # Back on a backend the sidecar runs, the same object comes up.
+    doc = deployment(name, workers=2, prefill=1, engine={"backend": "sim"})
+    apply(cp, ns, doc)
+    wait_ready(cp, ns, name, 2)
+    assert condition(status(cp, ns, name), "Degraded") == "False"
+
+
 def test_capacity_fallback_scales_out_and_back_in(
     control_plane: ControlPlane, operator: Operator, namespace: str
 ) -> None:

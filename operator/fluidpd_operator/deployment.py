@@ -23,6 +23,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from fluidpd.cli.sidecar_cmd import ENGINES as SIDECAR_ENGINES
 from fluidpd.controller.loop import (
     ControllerEvent,
     FluidRoleController,
@@ -179,6 +180,7 @@ class DeploymentController:
         self._inherited: set[str] | None = None
         self._scale_hint: Role | None = None
         self._errors: list[str] = []
+        self._backend_warned = False
         self.last_switch: dict[str, Any] | None = body.get("status", {}).get("lastSwitch")
         self.routers_ready = 0
         self._router_urls: list[str] = []
@@ -258,6 +260,23 @@ class DeploymentController:
         await self.refresh_pods()
         await self.converge_pods()
 
+    async def backend_runs(self) -> bool:
+        """The CRD admits the planned ``sglang`` backend, which this release's sidecar does not
+        run: its workers would only crash-loop on the flag, so none are made and Degraded says why.
+        """
+        backend = self.spec.engine.backend
+        if backend in SIDECAR_ENGINES:
+            return True
+        msg = (
+            f"engine.backend {backend!r}: this release's sidecar runs "
+            f"{' or '.join(SIDECAR_ENGINES)}; no workers are created"
+        )
+        self._errors.append(msg)
+        if not self._backend_warned:
+            self._backend_warned = True
+            await self.event(self.body, "UnsupportedBackend", msg, warning=True)
+        return False
+
     async def refresh_pods(self) -> PodView:
         selector = res.selector_string(res.worker_selector(self.name))
         self.view = PodView(await self.kube.list_pods(self.namespace, selector))
@@ -265,6 +284,8 @@ class DeploymentController:
 
     async def converge_pods(self) -> None:
         """Create missing workers; pick and retire surplus ones (never delete a busy one)."""
+        if not await self.backend_runs():
+            return
         view = self.view
         serving = view.serving
         missing = self.target_workers - len(serving)
