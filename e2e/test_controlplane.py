@@ -354,6 +354,70 @@ def test_env_is_resolved_again_at_each_restart(
     )
 
 
+def test_config_map_and_secret_volumes_are_mounted_per_pod(
+    kubelet: FakeKubelet, k8s_api: Any, namespace: str
+) -> None:
+    core = client.CoreV1Api(k8s_api)
+    for name, text in (("one", "first"), ("two", "second")):
+        core.create_namespaced_config_map(
+            namespace, {"metadata": {"name": name}, "data": {"a.yaml": text, "skip": "x"}}
+        )
+    core.create_namespaced_secret(
+        namespace, {"metadata": {"name": "key"}, "stringData": {"tls.key": "k3y"}}
+    )
+    script = (
+        "import os, pathlib; d = pathlib.Path('/etc/fpd-test'); "
+        "print('FILES=' + ','.join(sorted(p.name for p in d.iterdir())), flush=True); "
+        "print('A=' + (d / 'conf.yaml').read_text(), flush=True); "
+        "print('KEY=' + pathlib.Path('/etc/fpd-key/tls.key').read_text(), flush=True); "
+        "open(d / 'w', 'w')"
+    )
+    # Two pods mount different data at the same path; each sees its own, read-only.
+    for pod, cm in (("mount-one", "one"), ("mount-two", "two")):
+        spec = _pod_spec(
+            [PY, "-c", script],
+            restartPolicy="Never",
+            volumes=[
+                {"name": "conf", "configMap": {"name": cm, "items": [
+                    {"key": "a.yaml", "path": "conf.yaml"}]}},
+                {"name": "key", "secret": {"secretName": "key"}},
+            ],
+            container={"volumeMounts": [
+                {"name": "conf", "mountPath": "/etc/fpd-test"},
+                {"name": "key", "mountPath": "/etc/fpd-key", "readOnly": True},
+            ]},
+        )  # fmt: skip
+        _create_pod(core, namespace, pod, spec)
+    for pod, text in (("mount-one", "first"), ("mount-two", "second")):
+        wait_for(
+            lambda pod=pod: core.read_namespaced_pod(pod, namespace).status.phase == "Failed",
+            timeout=60,
+            what=lambda: kubelet.dump(namespace),
+        )
+        out = kubelet.logs(pod, namespace)
+        assert "FILES=conf.yaml" in out and f"A={text}" in out and "KEY=k3y" in out, out
+        assert "Read-only file system" in out, out
+    # The host's path is not touched by the pods' mounts.
+    assert not list(Path("/etc/fpd-test").iterdir())
+
+    # A ConfigMap that does not exist: the container waits, as the kubelet's does.
+    spec = _pod_spec(
+        [PY, "-c", "print('ran')"],
+        volumes=[{"name": "conf", "configMap": {"name": "absent"}}],
+        container={"volumeMounts": [{"name": "conf", "mountPath": "/etc/fpd-test"}]},
+    )
+    _create_pod(core, namespace, "mount-missing", spec)
+
+    def waiting() -> str | None:
+        statuses = core.read_namespaced_pod("mount-missing", namespace).status.container_statuses
+        state = statuses[0].state.waiting if statuses else None
+        return f"{state.reason}: {state.message}" if state else None
+
+    reason = wait_for(waiting, timeout=60, what="a waiting reason")
+    assert reason.startswith("CreateContainerConfigError") and '"absent"' in reason, reason
+    assert "ran" not in kubelet.logs("mount-missing", namespace)
+
+
 def test_garbage_collector_deletes_pods_of_a_deleted_owner(
     kubelet: FakeKubelet, k8s_api: Any, namespace: str
 ) -> None:

@@ -394,6 +394,25 @@ def test_invalid_objects_are_rejected(
     assert 'The FluidPDDeployment "bad" is invalid' in err.value.stderr
 
 
+def test_workers_use_the_profile_config_map(
+    control_plane: ControlPlane, operator: Operator, namespace: str
+) -> None:
+    cp, ns, name = control_plane, namespace, "profiled"
+    # A shipped profile with a KV capacity no shipped profile has: the workers can only report
+    # it if they read the ConfigMap mounted at the path the operator passes them.
+    doc = yaml.safe_load((ROOT / "profiles" / "llama-3.1-8b-a100-80gb.yaml").read_text())
+    doc["kv"]["capacity_tokens"] = 123_456
+    cp.kubectl("create", "configmap", "my-profile", "-n", ns,
+               f"--from-literal=profile.yaml={yaml.safe_dump(doc)}")  # fmt: skip
+    apply(cp, ns, deployment(name, workers=2, prefill=1, model={
+        "name": MODEL, "profileConfigMap": "my-profile"}))  # fmt: skip
+    wait_ready(cp, ns, name, 2)
+    for pod in worker_pods(cp, ns, name):
+        ip = pod["status"]["podIP"]
+        with urllib.request.urlopen(f"http://{ip}:8100/pressure", timeout=5) as resp:
+            assert json.loads(resp.read())["kv_capacity"] == 123_456, pod["metadata"]["name"]
+
+
 def test_a_backend_the_sidecar_lacks_is_degraded_not_a_crash_loop(
     control_plane: ControlPlane, operator: Operator, namespace: str
 ) -> None:

@@ -27,8 +27,15 @@ container's `command + args` as a local process:
 - a deleted pod's process group gets SIGTERM, SIGKILL after the grace period (capped at 10 s),
   then the pod is deleted with grace 0 and a UID precondition.
 
+ConfigMap and Secret volumes are mounted as the kubelet mounts them: their keys (or `items`)
+are written as files under the pod's directory and bind-mounted read-only at each mountPath, in
+a private mount namespace of the container's process (`unshare --mount`; root only), so two
+pods can mount different data at the same path. A missing ConfigMap or Secret that is not
+optional leaves the container Waiting (CreateContainerConfigError).
+
 Only the first container runs; the others are reported Waiting (reason NotRunLocally) and do
-not count toward readiness. Liveness and startup probes, init containers, volumes, and
+not count toward readiness. Liveness and startup probes, init containers, other volume kinds
+(emptyDir, projected, PVCs: ignored, the process sees the host's path), subPath mounts, and
 `kubectl logs/exec` (no kubelet API server) are not implemented: read `logs(pod)` instead.
 """
 
@@ -43,6 +50,7 @@ import logging
 import math
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -95,6 +103,21 @@ DEFAULT_CAPACITY: Mapping[str, str] = {
 
 class ConfigError(Exception):
     """The container's configuration can't be resolved yet (a missing secret, key, field)."""
+
+
+def _in_mount_namespace(argv: list[str], mounts: list[tuple[Path, str]]) -> list[str]:
+    """argv run in its own mount namespace with each (source, target) bind-mounted read-only.
+
+    ``unshare`` and ``sh`` exec in place, so the pod's process keeps the PID the kubelet signals.
+    """
+    steps = []
+    for source, target in mounts:
+        src, dst = shlex.quote(str(source)), shlex.quote(target)
+        steps.append(
+            f"mkdir -p {dst} && mount --bind {src} {dst} && mount -o remount,bind,ro {dst}"
+        )
+    script = " && ".join([*steps, 'exec "$@"'])
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", *argv]
 
 
 def now_rfc3339() -> str:
@@ -728,6 +751,7 @@ class FakeKubelet:
         try:
             env = self._resolve_env(core, pod, container, state)
             kubeconfig = self._service_account_kubeconfig(core, pod, container, pod_dir)
+            mounts = self._data_volumes(core, pod, container, pod_dir)
         except (ConfigError, ApiException) as e:
             message = e.reason if isinstance(e, ApiException) else str(e)
             state.waiting = ("CreateContainerConfigError", str(message))
@@ -738,6 +762,8 @@ class FakeKubelet:
             state.waiting = ("ErrImagePull", argv)
             state.next_start = now + 5.0
             return
+        if mounts:
+            argv = _in_mount_namespace(argv, mounts)
         if state.starts > 0:
             state.restart_count += 1
         state.starts += 1
@@ -816,6 +842,48 @@ class FakeKubelet:
             f"system:serviceaccount:{meta['namespace']}:{account}",
             namespace=meta["namespace"],
         )
+
+    def _data_volumes(
+        self, core: client.CoreV1Api, pod: Obj, container: Obj, pod_dir: Path
+    ) -> list[tuple[Path, str]]:
+        """The container's ConfigMap/Secret mounts as (files written here, mountPath)."""
+        volumes = {v["name"]: v for v in pod["spec"].get("volumes") or []}
+        namespace = pod["metadata"]["namespace"]
+        out: list[tuple[Path, str]] = []
+        for mount in container.get("volumeMounts") or []:
+            volume = volumes.get(mount["name"], {})
+            if "configMap" in volume:
+                source = volume["configMap"]
+                data = self._read_config_map(
+                    core, namespace, source["name"], source.get("optional")
+                )
+            elif "secret" in volume:
+                source = volume["secret"]
+                data = self._read_secret(
+                    core, namespace, source["secretName"], source.get("optional")
+                )
+            else:
+                continue
+            if mount.get("subPath"):
+                raise ConfigError(f"volume {mount['name']}: subPath is not run by the fake kubelet")
+            files = dict(data or {})
+            if source.get("items"):
+                files = {}
+                for item in source["items"]:
+                    if item["key"] not in (data or {}):
+                        if source.get("optional"):
+                            continue
+                        raise ConfigError(f"volume {mount['name']}: no key {item['key']!r}")
+                    files[item["path"]] = (data or {})[item["key"]]
+            root = pod_dir / "volumes" / mount["name"]
+            shutil.rmtree(root, ignore_errors=True)  # a restart sees the data as it is now
+            for rel, text in files.items():
+                path = root / rel
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(text)
+            root.mkdir(parents=True, exist_ok=True)
+            out.append((root, mount["mountPath"]))
+        return out
 
     def _argv(self, container: Obj, env: Mapping[str, str]) -> list[str] | str:
         """The argv to run, or why there is none."""
