@@ -866,15 +866,15 @@ class FakeKubelet:
                 continue
             if mount.get("subPath"):
                 raise ConfigError(f"volume {mount['name']}: subPath is not run by the fake kubelet")
-            files = dict(data or {})
+            data = data or {}
+            files = data
             if source.get("items"):
                 files = {}
                 for item in source["items"]:
-                    if item["key"] not in (data or {}):
-                        if source.get("optional"):
-                            continue
+                    if item["key"] in data:
+                        files[item["path"]] = data[item["key"]]
+                    elif not source.get("optional"):
                         raise ConfigError(f"volume {mount['name']}: no key {item['key']!r}")
-                    files[item["path"]] = (data or {})[item["key"]]
             root = pod_dir / "volumes" / mount["name"]
             shutil.rmtree(root, ignore_errors=True)  # a restart sees the data as it is now
             for rel, text in files.items():

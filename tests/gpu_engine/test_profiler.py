@@ -16,7 +16,7 @@ class _Clockless:
     """A runner stand-in for _timed, which only calls sync()."""
 
     def sync(self) -> None:
-        pass
+        """Nothing to wait for: the timed functions run on the host."""
 
 
 def _count_runs(grid: profiler.Grid, run_s: float) -> tuple[int, float]:
