@@ -11,7 +11,11 @@
 # Slices: azure-mixed N_MIXED requests (default 3,000: its burstiest window), azure-staged
 # N_STAGED (default 30,000: all three windows conv-1, code, conv-2; about 8 min a run at 60 req/s).
 # NGPU (default: all GPUs of the machine) sets the size: 8 -> 4P4D (the paper), 4 -> 2P2D,
-# 2 -> 1P1D (the dry run). Each replay is bounded by RUN_TIMEOUT seconds (default: the slice's
+# 2 -> 1P1D (the dry run). WORKERS (default NGPU) runs more workers than GPUs, cycled over them
+# (WORKERS=4 on 2 GPUs: 2P2D, each GPU holding one prefill and one decode worker, time-sliced);
+# KV_TOKENS then bounds each worker's KV pool so that they fit. REPROFILE=1 first re-measures
+# the profile on cuda:0 (alone on it) with that pool and uses it if every MRE is <= 10 %,
+# else the committed profile with its KV capacity set to the pool. Each replay is bounded by RUN_TIMEOUT seconds (default: the slice's
 # length at its rate plus 120 s).
 # Outputs: $OUT/live/results.json, $OUT/sim/<workload>/results.json, $OUT/compare-*.json and
 # compare.txt,
@@ -20,7 +24,8 @@ set -x
 [ -n "${NO_SETUP:-}" ] || . scripts/gpu/setup.sh
 export FLUIDPD_TRACES_DIR=${FLUIDPD_TRACES_DIR:-$PWD/.gpudata/traces}
 NGPU=${NGPU:-$(nvidia-smi -L | wc -l)}
-P=$((NGPU / 2)); D=$((NGPU - P)); PD=${P}P${D}D
+WORKERS=${WORKERS:-$NGPU}
+P=$((WORKERS / 2)); D=$((WORKERS - P)); PD=${P}P${D}D
 DEVICES=$(seq -s, -f 'cuda:%g' 0 $((NGPU - 1)))
 MODEL=${MODEL:-llama-3.1-8b}
 PROFILE=${PROFILE:-profiles/llama-3.1-8b-h200.yaml}
@@ -32,6 +37,25 @@ SLO="--ttft-slo 2.0 --tpot-slo 0.1"
 mkdir -p $OUT
 log() { echo "$*" >> $OUT/commands.txt; }
 nvidia-smi -L
+if [ -n "${REPROFILE:-}" ]; then
+  KV=${KV_TOKENS:+--kv-tokens $KV_TOKENS}
+  NEW=$OUT/$MODEL-h200.yaml
+  log "fluidpd profile --gpu-model $MODEL --gpu h200 $KV --max-running 128 --context-limit 16384"
+  timeout 240 python3 -m fluidpd.cli.main profile --gpu-model $MODEL --gpu h200 $KV \
+    --max-running 128 --context-limit 16384 --out $NEW --report $OUT/profile-$MODEL-h200.json \
+    > /tmp/profile.log 2>&1
+  RC=$?  # 1: written, but an MRE is above 10 %
+  tail -3 /tmp/profile.log
+  if [ $RC = 0 ]; then
+    PROFILE=$NEW
+  elif [ -n "${KV_TOKENS:-}" ]; then
+    # Over the MRE bound: the committed coefficients, with this pool's KV capacity.
+    sed "s/^  capacity_tokens: .*/  capacity_tokens: $((KV_TOKENS - 16 * 128))/" $PROFILE \
+      > $OUT/shared-kv.yaml
+    PROFILE=$OUT/shared-kv.yaml
+  fi
+  log "PROFILE=$PROFILE"
+fi
 n_for() { [ "$1" = azure-staged ] && echo $N_STAGED || echo $N_MIXED; }
 for WL in $WORKLOADS; do
   N=$(n_for $WL)
