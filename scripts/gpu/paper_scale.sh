@@ -16,7 +16,7 @@
 # KV_TOKENS then bounds each worker's KV pool so that they fit. REPROFILE=1 first re-measures
 # the profile on cuda:0 (alone on it) with that pool and uses it if every MRE is <= 10 %,
 # else the committed profile with its KV capacity set to the pool. Each replay is bounded by RUN_TIMEOUT seconds (default: the slice's
-# length at its rate plus 120 s).
+# length at its rate plus 120 s); REPLAY_ARGS are added to every replay (e.g. --timeout 20).
 # Outputs: $OUT/live/results.json, $OUT/sim/<workload>/results.json, $OUT/compare-*.json and
 # compare.txt,
 # $OUT/commands.txt (every command as run), $OUT/logs.txt.
@@ -67,7 +67,9 @@ for WL in $WORKLOADS; do
 --kv-transfer shm --kv-arena-mib ${ARENA_MIB:-8192} --pd $PD --policy $POLICY --port 8000 \
 --run-dir $RUN --ready-timeout 300 --drain-mode wait $SLO"
       log "$UP"
-      $UP > $RUN.log 2>&1 &
+      # The module, not the shell function: a function in the background is a subshell, and
+      # SIGTERM to it would orphan the stack (the next run then finds its ports and GPU taken).
+      python3 -m fluidpd.cli.main ${UP#fluidpd } > $RUN.log 2>&1 &
       PID=$!
       for i in $(seq 300); do
         [ -s $RUN/endpoint ] && break
@@ -88,10 +90,16 @@ for WL in $WORKLOADS; do
       set -x
       REPLAY="fluidpd replay --endpoint http://127.0.0.1:8000 --workload $WL --rps $RPS \
 --num-requests $N --seed 0 $SLO --label $POLICY --model-name $MODEL --gpu h200 --pd $PD \
---out $OUT/live --quiet --no-plots"
+--out $OUT/live --quiet --no-plots ${REPLAY_ARGS:-}"
       log "$REPLAY"
-      timeout ${RUN_TIMEOUT:-$((N / RPS + 120))} $REPLAY 2>&1 | tail -4
+      # timeout runs programs, not shell functions: the module, with the logged arguments.
+      timeout ${RUN_TIMEOUT:-$((N / RPS + 120))} python3 -m fluidpd.cli.main ${REPLAY#fluidpd } 2>&1 | tail -4
       kill -TERM $PID; wait $PID
+      # GPU memory is returned a moment after the processes exit.
+      for i in $(seq 30); do
+        [ -z "$(nvidia-smi --query-compute-apps=pid --format=csv,noheader)" ] && break
+        sleep 1
+      done
       echo "===== $WL $RPS $POLICY" >> $OUT/logs.txt
       tail -n 40 $RUN.log $RUN/controller.log 2>/dev/null >> $OUT/logs.txt
       grep -h -i -E "error|exception|switch .* done" $RUN/*.log | sort | uniq -c | sort -rn \
