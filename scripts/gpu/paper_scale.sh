@@ -15,8 +15,9 @@
 # (WORKERS=4 on 2 GPUs: 2P2D, each GPU holding one prefill and one decode worker, time-sliced);
 # KV_TOKENS then bounds each worker's KV pool so that they fit. REPROFILE=1 first re-measures
 # the profile on cuda:0 (alone on it) with that pool and uses it if every MRE is <= 10 %,
-# else the committed profile with its KV capacity set to the pool. Each replay is bounded by RUN_TIMEOUT seconds (default: the slice's
-# length at its rate plus 120 s); REPLAY_ARGS are added to every replay (e.g. --timeout 20).
+# else the committed profile with its KV capacity set to the pool. Each replay is bounded by
+# RUN_TIMEOUT seconds (default: the slice's length at its rate plus 120 s); REPLAY_ARGS are
+# added to every replay (e.g. --timeout 20).
 # Outputs: $OUT/live/results.json, $OUT/sim/<workload>/results.json, $OUT/compare-*.json and
 # compare.txt,
 # $OUT/commands.txt (every command as run), $OUT/logs.txt.
@@ -50,6 +51,7 @@ if [ -n "${REPROFILE:-}" ]; then
     PROFILE=$NEW
   elif [ -n "${KV_TOKENS:-}" ]; then
     # Over the MRE bound: the committed coefficients, with this pool's KV capacity.
+    # (pool less one 16-token page per running request, as `fluidpd profile` writes it)
     sed "s/^  capacity_tokens: .*/  capacity_tokens: $((KV_TOKENS - 16 * 128))/" $PROFILE \
       > $OUT/shared-kv.yaml
     PROFILE=$OUT/shared-kv.yaml
