@@ -127,6 +127,14 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"--gpu-model/--weights: {exc}") from exc
     else:
         engine = SimEngine(profile, args.noise, args.drift, args.seed, staging=staging)
+    need = engine.kv_wire_bytes(profile.context_limit)
+    if transfer.arena_bytes and need > transfer.arena_bytes:
+        # A prompt at the context limit could never be handed off (its reservation would wait
+        # for room that never comes): refuse now rather than stall the queue behind it.
+        raise UserError(
+            f"--kv-arena-mib: {args.kv_arena_mib} MiB cannot hold the KV of one request at the "
+            f"context limit ({profile.context_limit} tokens = {need / 2**20:.0f} MiB)"
+        )
     configure_logging(args.log_level, args.id)
     service = SidecarService(cfg, engine, transfer)
     serve_http(create_app(service), args)

@@ -9,7 +9,9 @@ import subprocess
 import sys
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -102,13 +104,15 @@ print(float((ref - decode_attention_triton(q, k, v, table, lens)).abs().max()))
 
 def test_live_stack_serves_with_the_gpu_engine(tmp_path: Path) -> None:
     """`fluidpd up --engine gpu` (1P1D, tiny shape on CPU, shm hand-off) answers completions;
-    ``--device`` as a list gives each worker its own entry (one worker per GPU on a GPU host)."""
+    ``--device`` as a list gives each worker its own entry (one worker per GPU on a GPU host).
+    The decode side's arena (3 MiB: one request at the 4K context limit, three of 1,600
+    tokens) is smaller than a burst's KV: hand-offs wait for room, none fails or is redone."""
     profile = _profile(tmp_path)
     run_dir = tmp_path / "up"
     port = 18000 + os.getpid() % 1000
     proc = subprocess.Popen(
         [sys.executable, "-m", "fluidpd.cli.main", "up", *TINY, "--engine", "gpu",
-         "--profile", str(profile), "--kv-transfer", "shm", "--kv-arena-mib", "64",
+         "--profile", str(profile), "--kv-transfer", "shm", "--kv-arena-mib", "3",
          "--device", "cpu,cpu",
          "--pd", "1P1D", "--policy", "fluidpd", "--port", str(port), "--run-dir", str(run_dir)],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -119,18 +123,29 @@ def test_live_stack_serves_with_the_gpu_engine(tmp_path: Path) -> None:
         while not (run_dir / "endpoint").exists():
             assert proc.poll() is None and time.time() < deadline, "stack did not come up"
             time.sleep(0.5)
-        for n in (1, 7, 50):  # up to ~2K prompt tokens: split prefill, stolen suffixes
-            prompt = [i % 500 + 1 for i in range(40 * n)]
+
+        def complete(n: int) -> dict[str, Any]:
+            prompt = [i % 500 + 1 for i in range(n)]
             body = {"model": "tiny-llama", "prompt": prompt, "max_tokens": 6}
             req = urllib.request.Request(
                 f"http://127.0.0.1:{port}/v1/completions",
                 data=json.dumps(body).encode(),
                 headers={"content-type": "application/json"},
             )
-            with urllib.request.urlopen(req, timeout=60) as resp:
-                answer = json.loads(resp.read())
+            with urllib.request.urlopen(req, timeout=120) as resp:
+                answer: dict[str, Any] = json.loads(resp.read())
+            return answer
+
+        for n in (40, 280, 2000):  # split prefill, stolen suffixes
+            answer = complete(n)
             assert answer["usage"]["completion_tokens"] == 6
             assert answer["choices"][0]["finish_reason"] == "length"
+        with ThreadPoolExecutor(8) as pool:
+            burst = list(pool.map(complete, [1600] * 8))
+        assert [a["usage"]["completion_tokens"] for a in burst] == [6] * 8
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+            metrics = resp.read().decode()
+        assert "fluidpd_router_repairings 0.0" in metrics
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)

@@ -79,6 +79,11 @@ class Engine(Protocol):
         no bytes); called before the scheduler learns of the hand-off."""
         ...
 
+    def take_loaded(self) -> list[int]:
+        """Requests whose imported KV the engine has loaded since the last call: their
+        ``import_kv`` views are no longer read, so the transport's room can be reused."""
+        ...
+
     def release(self, rid: int) -> None:
         """Free whatever the engine holds for a request."""
         ...
@@ -111,6 +116,7 @@ class SimEngine:
         #: registered memory so that the hand-off moves as many real bytes as a GPU would.
         self._staging = staging
         self._staged: dict[int, KVRegion] = {}
+        self._loaded: list[int] = []
         self._prefill = profile.prefill_predictor()
         self._suffix = profile.suffix_predictor()
         self._decode = profile.decode_predictor()
@@ -162,7 +168,12 @@ class SimEngine:
     def import_kv(
         self, rid: int, prompt_len: int, prefix_tokens: int, view: memoryview | None
     ) -> None:
-        return None  # the stamp check in the service is all a sim engine can verify
+        # The stamp check in the service is all a sim engine can verify; it keeps no view.
+        self._loaded.append(rid)
+
+    def take_loaded(self) -> list[int]:
+        loaded, self._loaded = self._loaded, []
+        return loaded
 
     def release(self, rid: int) -> None:
         region = self._staged.pop(rid, None)

@@ -132,6 +132,12 @@ class SidecarMetrics:
             labels,
             registry=self.registry,
         )
+        self.kv_received = Counter(
+            "fluidpd_kv_received_bytes",
+            "KV bytes that arrived in room reserved here (decode side)",
+            labels,
+            registry=self.registry,
+        )
         self.kv_corrupted = Counter(
             "fluidpd_kv_corrupted",
             "KV hand-offs whose bytes failed verification",
@@ -140,9 +146,10 @@ class SidecarMetrics:
         )
         # Every labelled series exists (at 0) from the start, so the dashboards' queries have
         # data before the first request or switch.
-        for metric in (self.ttft, self.tpot, self.e2e, self.queue, self.drain, self.kv_sent):
+        for metric in (self.ttft, self.tpot, self.e2e, self.queue, self.drain):
             metric.labels(self._worker)
-        self.kv_corrupted.labels(self._worker)
+        for counter in (self.kv_sent, self.kv_received, self.kv_corrupted):
+            counter.labels(self._worker)
         for source, target in ((Role.PREFILL, Role.DECODE), (Role.DECODE, Role.PREFILL)):
             self.switches.labels(self._worker, source.value, target.value)
         slo = service.cfg.slo

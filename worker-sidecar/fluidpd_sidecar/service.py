@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -117,6 +118,8 @@ class SidecarService:
         self.prefill_halves: dict[int, _PrefillHalf] = {}
         self.decode_halves: dict[int, _DecodeHalf] = {}
         self._early_reserved: dict[int, Reserved] = {}
+        #: Admitted decode halves waiting for arena room before their reservation is sent.
+        self._awaiting_room: deque[msg.Reserved] = deque()
         #: Per-prefill stealing budgets the paired decode workers advertise, by worker id.
         self.budgets: dict[str, float] = {}
         self._decode_urls: dict[str, str] = {}
@@ -181,6 +184,7 @@ class SidecarService:
                 else:
                     measured = await self.engine.decode_step(batch)
                 w.finish_batch(batch, time.time(), measured)
+                self._free_loaded()
                 self._dispatch()
                 if w.state is RoleState.DRAIN and w.role is Role.DECODE:
                     await self._migrate_out()
@@ -213,10 +217,14 @@ class SidecarService:
         half = self.decode_halves.get(m.rid)
         if half is None:
             return
-        if half.dest is None:
-            # Transport room is taken when the core admits the request (KV reserved), not on
-            # arrival: a long prealloc queue under overload must not exhaust the arena.
-            half.dest = self.transfer.reserve(self.engine.kv_wire_bytes(half.req.prompt_len))
+        # Transport room is taken when the core admits the request (KV reserved), not on
+        # arrival; while the arena is full the reservation waits its turn (FIFO, like SGLang's
+        # prealloc queue), since the prefill side must not start a prompt whose KV has nowhere
+        # to go.
+        needs_room = half.dest is None and self.transfer.arena_bytes > 0
+        if needs_room and (self._awaiting_room or not self._reserve_room(half)):
+            self._awaiting_room.append(m)
+            return
         body = Reserved(
             rid=m.rid,
             decode_worker=self.cfg.worker_id,
@@ -231,6 +239,31 @@ class SidecarService:
         except PeerError as exc:
             log.warning("reservation for %d not delivered: %s", m.rid, exc)
             self._end_decode(m.rid, DecodeEvent(event="error", detail=f"prefill peer: {exc}"))
+
+    def _reserve_room(self, half: _DecodeHalf) -> bool:
+        half.dest = self.transfer.reserve(self.engine.kv_wire_bytes(half.req.prompt_len))
+        return half.dest is not None
+
+    def _free_room(self, half: _DecodeHalf) -> None:
+        if half.dest is not None:
+            self.transfer.free(half.dest)
+            half.dest = None
+        # Also when nothing was freed: a half that ended while waiting leaves the queue.
+        while self._awaiting_room:
+            waiting = self.decode_halves.get(self._awaiting_room[0].rid)
+            if waiting is not None and not self._reserve_room(waiting):
+                return
+            m = self._awaiting_room.popleft()
+            if waiting is not None:
+                self._spawn(self._send_reserved(m))
+
+    def _free_loaded(self) -> None:
+        """Room of hand-offs the engine has loaded goes back to the arena at once, not when
+        the request finishes decoding (long outputs would hold it for their whole life)."""
+        for rid in self.engine.take_loaded():
+            half = self.decode_halves.get(rid)
+            if half is not None:
+                self._free_room(half)
 
     async def _send_suffix(self, m: msg.SuffixCommitted) -> None:
         half = self.prefill_halves.get(m.rid)
@@ -303,8 +336,7 @@ class SidecarService:
         self._push(half, event)
         half.closed = True
         half.events.put_nowait(None)
-        if half.dest is not None:
-            self.transfer.free(half.dest)
+        self._free_room(half)
         self.engine.release(rid)
 
     def _reroute(self, rid: int) -> None:
@@ -481,7 +513,13 @@ class SidecarService:
         half = self.decode_halves.get(body.rid)
         if half is None:
             raise NotFound(f"no decode half for request {body.rid} here")
+        if body.nbytes and self.transfer.arena_bytes and half.dest is None:
+            # Never reached while reservations wait for room; if it were, decoding without the
+            # prefix KV would produce garbage silently.
+            self._end_decode(body.rid, DecodeEvent(event="error", detail="KV sent without room"))
+            raise BadRequest(f"request {body.rid}: {body.nbytes} B of KV arrived with no room")
         if half.dest is not None and body.nbytes:
+            self.metrics.kv_received.labels(self.cfg.worker_id).inc(body.nbytes)
             self._verify_kv(half)
         view = getattr(self.transfer, "view", None)
         kv = view(half.dest.addr, half.dest.nbytes) if view and half.dest else None

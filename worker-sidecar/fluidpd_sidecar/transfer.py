@@ -26,9 +26,13 @@ class KVDest:
 
 class KVTransfer(Protocol):
     name: str
+    #: Receiver-side room for incoming KV, in bytes (0: this transport moves no bytes). A
+    #: reservation holds room from the decode side's admission until the engine has loaded it.
+    arena_bytes: int
 
     def reserve(self, nbytes: int) -> KVDest | None:
-        """Receiver side: set aside room for an incoming KV (None: this transport moves none)."""
+        """Receiver side: set aside room for an incoming KV (None: no room now, or, with
+        ``arena_bytes == 0``, this transport moves none)."""
         ...
 
     def free(self, dest: KVDest) -> None:
@@ -42,6 +46,7 @@ class KVTransfer(Protocol):
 
 class SimTransfer:
     name = "sim"
+    arena_bytes = 0
 
     def __init__(self, model: TransferModel) -> None:
         self.model = model

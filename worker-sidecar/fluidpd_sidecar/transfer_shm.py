@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import mmap
 import os
 import secrets
@@ -34,6 +35,30 @@ SHM_DIR = Path("/dev/shm")
 _FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
 
 
+def sweep_dead_arenas(directory: Path) -> list[Path]:
+    """Unlinks arenas whose creating process is gone (SIGKILLed sidecars leave theirs: a
+    worker's worth of host memory each); returns what was removed."""
+    removed = []
+    for path in directory.glob("fluidpd-kv-*-*"):
+        pid = path.name.split("-")[2]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        with contextlib.suppress(FileNotFoundError, PermissionError):
+            path.unlink()
+            removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process
+    return True
+
+
 class ShmTransfer(ArenaSlots):
     name = "shm"
 
@@ -41,6 +66,7 @@ class ShmTransfer(ArenaSlots):
         if arena_bytes <= 0:
             raise ValueError(f"arena_bytes must be positive (got {arena_bytes})")
         self.arena_bytes = arena_bytes
+        sweep_dead_arenas(directory)
         self.path = directory / f"fluidpd-kv-{os.getpid()}-{secrets.token_hex(4)}"
         fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
@@ -56,7 +82,8 @@ class ShmTransfer(ArenaSlots):
         self._peers: dict[str, tuple[mmap.mmap, np.ndarray, int]] = {}
         self._closed = False
         # The arena lives in memory (tmpfs) until unlinked: removed by ``close`` (the sidecar
-        # calls it on shutdown) or at interpreter exit; a SIGKILLed process leaves it behind.
+        # calls it on shutdown) or at interpreter exit; a SIGKILLed process leaves it behind
+        # until the next sidecar on the host sweeps it.
         atexit.register(self.close)
 
     async def send(self, src_addr: int | None, dest: KVDest | None, nbytes: int) -> float:

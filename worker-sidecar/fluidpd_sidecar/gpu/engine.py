@@ -32,6 +32,9 @@ from fluidpd_sidecar.gpu.runner import ModelRunner, pin_host_memory
 
 log = logging.getLogger("fluidpd.gpu")
 
+#: How often a prefill waiting for staging room looks again (hand-offs take milliseconds).
+_STAGING_POLL_S = 0.002
+
 
 def prompt_ids(rid: int, start: int, stop: int, vocab: int) -> list[int]:
     """Deterministic stand-in prompt tokens (identical in every process)."""
@@ -71,6 +74,7 @@ class GpuEngine:
         self._out: dict[int, list[int]] = {}
         self._staged: dict[int, KVRegion] = {}
         self._imports: list[_Import] = []
+        self._loaded: list[int] = []
         self._running: list[int] = []
         self._joining: list[int] = []
         self._to_free: list[int] = []
@@ -108,13 +112,23 @@ class GpuEngine:
         full = p == req.prompt_len
         region = None
         if self._staging is not None:
-            region = self._staging.source_buffer(self.kv_wire_bytes(p))
-            if region is None:
-                raise MemoryError(f"no room to stage the KV of request {req.rid}")
+            region = await self._stage(req.rid, self.kv_wire_bytes(p))
             self._staged[req.rid] = region
         seconds: float = await self._run(self._prefill_job, req.rid, ids, full, region)
         self.stats.prefills += 1
         return seconds
+
+    async def _stage(self, rid: int, nbytes: int) -> KVRegion:
+        """Room in the arena for this prefill's KV. Earlier prefills' hand-offs are in flight
+        and free their regions as they end, so a full arena is waited out (backpressure on the
+        prefill queue), not an error."""
+        assert self._staging is not None
+        arena = getattr(self._staging, "arena_bytes", nbytes)
+        if nbytes > arena:
+            raise MemoryError(f"request {rid}: {nbytes} B of KV exceed the {arena} B arena")
+        while (region := self._staging.source_buffer(nbytes)) is None:
+            await asyncio.sleep(_STAGING_POLL_S)
+        return region
 
     def _prefill_job(self, rid: int, ids: list[int], full: bool, region: KVRegion | None) -> float:
         self._free_released()
@@ -149,6 +163,7 @@ class GpuEngine:
         running = list(self._running)
         last = [self._out[r][-1] for r in running]
         seconds, firsts, tokens = await self._run(self._decode_job, imports, suffix, running, last)
+        self._loaded += [imp.rid for imp in imports]
         for (rid, _, _), tok in zip(suffix, firsts, strict=True):
             if rid in self._out:
                 self._out[rid] = [tok]
@@ -214,6 +229,10 @@ class GpuEngine:
                 raise ValueError(f"request {rid}: whole prompt handed off without a first token")
             self._out[rid] = [first]
             self._joining.append(rid)
+
+    def take_loaded(self) -> list[int]:
+        loaded, self._loaded = self._loaded, []
+        return loaded
 
     def token_ids(self, rid: int, start: int, stop: int) -> list[int]:
         out = self._out.get(rid, [])[start:stop]
