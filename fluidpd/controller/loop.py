@@ -213,12 +213,18 @@ class FluidRoleController:
             self._event(ControllerEvent(now, "switch-refused", d.worker, {"detail": detail}))
             return
         self._switching = (d.worker, d.target)
-        log.info(
-            "switch %s %s -> %s (%s drain)",
+        p = d.pressure
+        log.info(  # the pool pressure that decided it, so an operator can tell why
+            "switch %s %s -> %s (%s drain): PPI %.2f, DPI_load %.2f, DPI_adm %.2f, %dP%dD",
             d.worker,
             d.source.value,
             d.target.value,
             d.drain_mode.value,
+            p.ppi_bar,
+            p.dpi_load_bar,
+            p.dpi_adm_bar,
+            p.n_prefill,
+            p.n_decode,
         )
         self._event(
             ControllerEvent(

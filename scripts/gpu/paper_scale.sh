@@ -17,7 +17,10 @@
 # the profile on cuda:0 (alone on it) with that pool and uses it if every MRE is <= 10 %,
 # else the committed profile with its KV capacity set to the pool. Each replay is bounded by
 # RUN_TIMEOUT seconds (default: the slice's length at its rate plus 120 s); REPLAY_ARGS are
-# added to every replay (e.g. --timeout 20).
+# added to every replay (e.g. --timeout 20). POLICIES (default "static fluidpd") picks the live
+# policies (also fluidtoken, fluidrole); UP_ARGS are added to every `fluidpd up` (e.g.
+# --dpi-adm-high 1.0) and LABEL_SUFFIX to the labels of those runs; NO_SIM=1 skips the
+# simulator and compare steps (for ablations the simulator has no twin of).
 # Outputs: $OUT/live/results.json, $OUT/sim/<workload>/results.json, $OUT/compare-*.json and
 # compare.txt,
 # $OUT/commands.txt (every command as run), $OUT/logs.txt.
@@ -62,12 +65,12 @@ n_for() { [ "$1" = azure-staged ] && echo $N_STAGED || echo $N_MIXED; }
 for WL in $WORKLOADS; do
   N=$(n_for $WL)
   for RPS in $RATES; do
-    for POLICY in static fluidpd; do
-      RUN=/tmp/paper-$WL-$RPS-$POLICY
+    for POLICY in ${POLICIES:-static fluidpd}; do
+      RUN=/tmp/paper-$WL-$RPS-$POLICY${LABEL_SUFFIX:-}
       # The gpu engine does not move KV between decode workers: D->P drains wait.
       UP="fluidpd up --engine gpu --gpu-model $MODEL --device $DEVICES --profile $PROFILE \
 --kv-transfer shm --kv-arena-mib ${ARENA_MIB:-8192} --pd $PD --policy $POLICY --port 8000 \
---run-dir $RUN --ready-timeout 300 --drain-mode wait $SLO"
+--run-dir $RUN --ready-timeout 300 --drain-mode wait $SLO ${UP_ARGS:-}"
       log "$UP"
       # The module, not the shell function: a function in the background is a subshell, and
       # SIGTERM to it would orphan the stack (the next run then finds its ports and GPU taken).
@@ -91,7 +94,7 @@ for WL in $WORKLOADS; do
       fi
       set -x
       REPLAY="fluidpd replay --endpoint http://127.0.0.1:8000 --workload $WL --rps $RPS \
---num-requests $N --seed 0 $SLO --label $POLICY --model-name $MODEL --gpu h200 --pd $PD \
+--num-requests $N --seed 0 $SLO --label $POLICY${LABEL_SUFFIX:-} --model-name $MODEL --gpu h200 --pd $PD \
 --out $OUT/live --quiet --no-plots ${REPLAY_ARGS:-}"
       log "$REPLAY"
       # timeout runs programs, not shell functions: the module, with the logged arguments.
@@ -109,6 +112,7 @@ for WL in $WORKLOADS; do
     done
   done
 done
+[ -n "${NO_SIM:-}" ] && WORKLOADS=""
 for WL in $WORKLOADS; do
   SIM="fluidpd sim --profile $PROFILE --pd $PD --workload $WL --rps $(echo $RATES | tr ' ' ,) \
 --num-requests $(n_for $WL) --seed 0 $SLO --policy static,fluidpd --drain-mode wait \
@@ -121,4 +125,4 @@ for WL in $WORKLOADS; do
   fluidpd compare $OUT/live $OUT/sim/$WL --out $OUT/compare-$WL.json | tee -a $OUT/compare.txt
 done
 rm -rf $OUT/live/timeseries $OUT/sim/*/timeseries
-ls -la $OUT $OUT/live $OUT/sim
+ls -la $OUT $OUT/live $OUT/sim 2>/dev/null
