@@ -125,4 +125,4 @@ for WL in $WORKLOADS; do
   fluidpd compare $OUT/live $OUT/sim/$WL --out $OUT/compare-$WL.json | tee -a $OUT/compare.txt
 done
 rm -rf $OUT/live/timeseries $OUT/sim/*/timeseries
-ls -la $OUT $OUT/live $OUT/sim 2>/dev/null
+ls -la $OUT $OUT/live $OUT/sim 2>/dev/null || true  # no sim/ with NO_SIM
