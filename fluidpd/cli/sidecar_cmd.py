@@ -128,9 +128,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         engine = SimEngine(profile, args.noise, args.drift, args.seed, staging=staging)
     need = engine.kv_wire_bytes(profile.context_limit)
-    if transfer.arena_bytes and need > transfer.arena_bytes:
+    if staging is not None and need > staging.arena_bytes:
         # A prompt at the context limit could never be handed off (its reservation would wait
         # for room that never comes): refuse now rather than stall the queue behind it.
+        staging.close()
         raise UserError(
             f"--kv-arena-mib: {args.kv_arena_mib} MiB cannot hold the KV of one request at the "
             f"context limit ({profile.context_limit} tokens = {need / 2**20:.0f} MiB)"

@@ -64,6 +64,8 @@ DEVICE_SIDECAR = ["sidecar", "--id", "w0", "--role", "prefill", "--engine", "gpu
           "--out", "x.yaml"], "--device: 'mps': the gpu engine runs on cuda or cpu"),
         ([*DEVICE_SIDECAR, "--kv-transfer", "shm", "--device", "cuda:x"],
          "--device: 'cuda:x' is not a torch device"),
+        ([*DEVICE_SIDECAR, *TINY, "--kv-transfer", "shm", "--kv-arena-mib", "1"],
+         "--kv-arena-mib: 1 MiB cannot hold the KV of one request at the context limit"),
     ],
 )  # fmt: skip
 def test_bad_input_is_one_line_naming_the_field(

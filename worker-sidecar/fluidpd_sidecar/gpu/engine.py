@@ -112,20 +112,18 @@ class GpuEngine:
         full = p == req.prompt_len
         region = None
         if self._staging is not None:
-            region = await self._stage(req.rid, self.kv_wire_bytes(p))
+            region = await self._stage(self.kv_wire_bytes(p))
             self._staged[req.rid] = region
         seconds: float = await self._run(self._prefill_job, req.rid, ids, full, region)
         self.stats.prefills += 1
         return seconds
 
-    async def _stage(self, rid: int, nbytes: int) -> KVRegion:
+    async def _stage(self, nbytes: int) -> KVRegion:
         """Room in the arena for this prefill's KV. Earlier prefills' hand-offs are in flight
         and free their regions as they end, so a full arena is waited out (backpressure on the
-        prefill queue), not an error."""
+        prefill queue), not an error. (The sidecar refuses to start with an arena that cannot
+        hold a request at the context limit, so the room always comes.)"""
         assert self._staging is not None
-        arena = getattr(self._staging, "arena_bytes", nbytes)
-        if nbytes > arena:
-            raise MemoryError(f"request {rid}: {nbytes} B of KV exceed the {arena} B arena")
         while (region := self._staging.source_buffer(nbytes)) is None:
             await asyncio.sleep(_STAGING_POLL_S)
         return region
