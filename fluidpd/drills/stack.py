@@ -13,6 +13,8 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 
+from fluidpd.procs import alive
+
 
 def free_port_block(n: int) -> int:
     """A base port with ``n`` consecutive free ports (best effort: ports can be taken later)."""
@@ -42,15 +44,6 @@ def wait_http(url: str, timeout: float) -> None:
         except OSError:
             time.sleep(0.2)
     raise TimeoutError(f"{url} did not answer within {timeout:g} s")
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return stat.exists() and stat.read_text().split()[2] != "Z"
 
 
 class LocalStack:

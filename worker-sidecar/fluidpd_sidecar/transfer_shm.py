@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from fluidpd.procs import alive
 from fluidpd_sidecar.arena import ArenaSlots, FirstFitAllocator, TransferError
 from fluidpd_sidecar.transfer import KVDest
 
@@ -41,22 +42,12 @@ def sweep_dead_arenas(directory: Path) -> list[Path]:
     removed = []
     for path in directory.glob("fluidpd-kv-*-*"):
         pid = path.name.split("-")[2]
-        if not pid.isdigit() or _alive(int(pid)):
+        if not pid.isdigit() or alive(int(pid)):
             continue
         with contextlib.suppress(FileNotFoundError, PermissionError):
             path.unlink()
             removed.append(path)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's process
-    return True
 
 
 class ShmTransfer(ArenaSlots):
