@@ -27,16 +27,21 @@ container's `command + args` as a local process:
 - a deleted pod's process group gets SIGTERM, SIGKILL after the grace period (capped at 10 s),
   then the pod is deleted with grace 0 and a UID precondition.
 
-ConfigMap and Secret volumes are mounted as the kubelet mounts them: their keys (or `items`)
-are written as files under the pod's directory and bind-mounted read-only at each mountPath, in
-a private mount namespace of the container's process (`unshare --mount`; root only), so two
-pods can mount different data at the same path. A missing ConfigMap or Secret that is not
-optional leaves the container Waiting (CreateContainerConfigError).
+Volumes (`harness.volumes`) are set up and mounted as the kubelet does: ConfigMap and Secret
+under the pod's directory, hostPath in place after its `type` check, a
+persistentVolumeClaim through its bound PersistentVolume (hostPath or local source); each
+volumeMount (with subPath/subPathExpr) is bind-mounted at its mountPath, read-only where the
+mount, the claim or the kind says so, in a private mount namespace of the container's process
+(`unshare --mount`; root only), so two pods can mount different data at the same path. A volume
+that can't be set up (a missing ConfigMap, a failed type check, an unbound claim) leaves the
+pod Pending in ContainerCreating (PodReadyToStartContainers=False) with a FailedMount Warning
+Event in the real kubelet's words, retried every 2 s.
 
 Only the first container runs; the others are reported Waiting (reason NotRunLocally) and do
-not count toward readiness. Liveness and startup probes, init containers, other volume kinds
-(emptyDir, projected, PVCs: ignored, the process sees the host's path), subPath mounts, and
-`kubectl logs/exec` (no kubelet API server) are not implemented: read `logs(pod)` instead.
+not count toward readiness. Liveness and startup probes, init containers, emptyDir, projected
+and other volume kinds (not set up: the process sees the host's path), and `kubectl
+exec/attach` are not implemented; `kubectl logs` is served (see `_start_log_server`), and
+`logs(pod)` reads the same.
 """
 
 from __future__ import annotations
@@ -50,7 +55,6 @@ import logging
 import math
 import os
 import re
-import shlex
 import shutil
 import signal
 import socket
@@ -74,8 +78,9 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
-from harness import procs
+from harness import procs, volumes
 from harness.controlplane import DEFAULT_NODE
+from harness.expansion import expand
 
 if TYPE_CHECKING:
     from harness.controlplane import ControlPlane
@@ -105,57 +110,12 @@ class ConfigError(Exception):
     """The container's configuration can't be resolved yet (a missing secret, key, field)."""
 
 
-def _in_mount_namespace(argv: list[str], mounts: list[tuple[Path, str]]) -> list[str]:
-    """argv run in its own mount namespace with each (source, target) bind-mounted read-only.
-
-    ``unshare`` and ``sh`` exec in place, so the pod's process keeps the PID the kubelet signals.
-    """
-    steps = []
-    for source, target in mounts:
-        src, dst = shlex.quote(str(source)), shlex.quote(target)
-        steps.append(
-            f"mkdir -p {dst} && mount --bind {src} {dst} && mount -o remount,bind,ro {dst}"
-        )
-    script = " && ".join([*steps, 'exec "$@"'])
-    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", *argv]
-
-
 def now_rfc3339() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def now_micro() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def expand(text: str, env: Mapping[str, str]) -> str:
-    """Kubernetes `$(VAR)` expansion (third_party/forked/golang/expansion): `$(NAME)` becomes
-    env[NAME] when defined and stays as written otherwise; `$$` is a literal `$`."""
-    out: list[str] = []
-    i, n = 0, len(text)
-    while i < n:
-        ch = text[i]
-        if ch != "$" or i + 1 >= n:
-            out.append(ch)
-            i += 1
-            continue
-        nxt = text[i + 1]
-        if nxt == "$":
-            out.append("$")
-            i += 2
-        elif nxt == "(":
-            close = text.find(")", i + 2)
-            if close == -1:
-                out.append("$(")
-                i += 2
-            else:
-                name = text[i + 2 : close]
-                out.append(env.get(name, f"$({name})"))
-                i = close + 1
-        else:
-            out.append("$" + nxt)
-            i += 2
-    return "".join(out)
 
 
 _QUANTITY = re.compile(r"^([+-]?[0-9.]+)([eE][+-]?[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?$")
@@ -260,6 +220,10 @@ class _PodState:
     transitions: dict[str, tuple[str, str]] = field(default_factory=dict)
     last_patch: Obj | None = None
     last_patch_mono: float = 0.0
+    #: The pod's volumes are set up (the real kubelet's PodReadyToStartContainers needs them).
+    volumes_ready: bool = False
+    #: Event (reason, message) pairs already posted for this pod: each is posted once.
+    events: set[tuple[str, str]] = field(default_factory=set)
 
 
 class FakeKubelet:
@@ -748,11 +712,22 @@ class FakeKubelet:
     ) -> None:
         pod_dir = self.work_dir / f"{state.namespace}_{state.name}_{state.uid[:8]}"
         pod_dir.mkdir(parents=True, exist_ok=True)
+        # The kubelet's order: volumes before the sandbox (a failure leaves the pod in
+        # ContainerCreating with a FailedMount Event), then the container's config.
+        try:
+            pod_volumes = volumes.set_up(core, pod, pod_dir)
+        except volumes.VolumeError as e:
+            state.volumes_ready = False
+            state.waiting = ("ContainerCreating", "")
+            state.next_start = now + 2.0
+            self._event(core, pod, state, "FailedMount", str(e))
+            return
+        state.volumes_ready = True
         try:
             env = self._resolve_env(core, pod, container, state)
             kubeconfig = self._service_account_kubeconfig(core, pod, container, pod_dir)
-            mounts = self._data_volumes(core, pod, container, pod_dir)
-        except (ConfigError, ApiException) as e:
+            mounts = volumes.container_mounts(container, pod_volumes, env)
+        except (ConfigError, volumes.SubPathError, ApiException) as e:
             message = e.reason if isinstance(e, ApiException) else str(e)
             state.waiting = ("CreateContainerConfigError", str(message))
             state.next_start = now + 1.0
@@ -763,7 +738,7 @@ class FakeKubelet:
             state.next_start = now + 5.0
             return
         if mounts:
-            argv = _in_mount_namespace(argv, mounts)
+            argv = volumes.in_mount_namespace(argv, mounts)
         if state.starts > 0:
             state.restart_count += 1
         state.starts += 1
@@ -842,48 +817,6 @@ class FakeKubelet:
             f"system:serviceaccount:{meta['namespace']}:{account}",
             namespace=meta["namespace"],
         )
-
-    def _data_volumes(
-        self, core: client.CoreV1Api, pod: Obj, container: Obj, pod_dir: Path
-    ) -> list[tuple[Path, str]]:
-        """The container's ConfigMap/Secret mounts as (files written here, mountPath)."""
-        volumes = {v["name"]: v for v in pod["spec"].get("volumes") or []}
-        namespace = pod["metadata"]["namespace"]
-        out: list[tuple[Path, str]] = []
-        for mount in container.get("volumeMounts") or []:
-            volume = volumes.get(mount["name"], {})
-            if "configMap" in volume:
-                source = volume["configMap"]
-                data = self._read_config_map(
-                    core, namespace, source["name"], source.get("optional")
-                )
-            elif "secret" in volume:
-                source = volume["secret"]
-                data = self._read_secret(
-                    core, namespace, source["secretName"], source.get("optional")
-                )
-            else:
-                continue
-            if mount.get("subPath"):
-                raise ConfigError(f"volume {mount['name']}: subPath is not run by the fake kubelet")
-            data = data or {}
-            files = data
-            if source.get("items"):
-                files = {}
-                for item in source["items"]:
-                    if item["key"] in data:
-                        files[item["path"]] = data[item["key"]]
-                    elif not source.get("optional"):
-                        raise ConfigError(f"volume {mount['name']}: no key {item['key']!r}")
-            root = pod_dir / "volumes" / mount["name"]
-            shutil.rmtree(root, ignore_errors=True)  # a restart sees the data as it is now
-            for rel, text in files.items():
-                path = root / rel
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(text)
-            root.mkdir(parents=True, exist_ok=True)
-            out.append((root, mount["mountPath"]))
-        return out
 
     def _argv(self, container: Obj, env: Mapping[str, str]) -> list[str] | str:
         """The argv to run, or why there is none."""
@@ -1147,7 +1080,9 @@ class FakeKubelet:
             "startTime": state.start_time,
             "conditions": [
                 self._condition(
-                    state, "PodReadyToStartContainers", phase not in ("Succeeded", "Failed")
+                    state,
+                    "PodReadyToStartContainers",
+                    state.volumes_ready and phase not in ("Succeeded", "Failed"),
                 ),
                 self._condition(state, "Initialized", True),
                 self._condition(state, "Ready", ready),
@@ -1183,6 +1118,47 @@ class FakeKubelet:
         state.last_patch = managed
         state.last_patch_mono = now
         self.status_writes += 1
+
+    # -- events ------------------------------------------------------------------------------
+
+    def _event(
+        self, core: client.CoreV1Api, pod: Obj, state: _PodState, reason: str, message: str
+    ) -> None:
+        """A Warning Event on the pod from this node's kubelet, once per reason and message
+        (the real kubelet's recorder folds repeats into a count)."""
+        if (reason, message) in state.events:
+            return
+        state.events.add((reason, message))
+        _note(state, f"{reason}: {message}")
+        meta = pod["metadata"]
+        now = now_rfc3339()
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "namespace": meta["namespace"],
+                "name": meta["name"],
+                "uid": meta["uid"],
+            },
+            "reason": reason,
+            "message": message,
+            "type": "Warning",
+            "source": {"component": "kubelet", "host": self.node_name},
+            "reportingComponent": "kubelet",
+            "reportingInstance": self.node_name,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            core.create_namespaced_event(meta["namespace"], body)
+        except ApiException as e:  # best effort, as the kubelet's
+            log.debug(
+                "event %s on %s/%s not posted: %s", reason, meta["namespace"], meta["name"], e
+            )
 
     # -- deletion ----------------------------------------------------------------------------
 
