@@ -1,26 +1,48 @@
 # FluidPD developer entry points. The README's two set-up commands are `make run` and
 # `make test`; CI (.ci/run) calls `make test` on a clean clone.
+#
+# Everything installs into the project's virtual environment $(VENV), never into the global
+# Python: it is created when missing, and one that exists is used as it is (the install step
+# still runs, so new dependencies arrive). ~/.cache/fluidpd keeps the wheels
+# (scripts/install-python-deps.sh says why pip's own cache does not) and the test binaries, so a
+# second run, even from a fresh clone, is fast; neither cache is needed.
 
 PYTHON ?= python3
-PIP := $(PYTHON) -m pip
+VENV ?= .venv
 OUT ?= out/evaluate
+# Workers of the test run (pytest-xdist); most tests wait on real timers, not on the CPU.
+TEST_JOBS ?= 2
 
-.PHONY: install install-dev system-deps run sim test lint typecheck unit bench results clean \
-	chart-crds dashboards requirements testplane cluster
+VENV_PY := $(VENV)/bin/python
+# The images' pinned closures (make requirements) constrain the install, so the suite runs the
+# versions the images ship (tests/images checks it) on any machine, on any day.
+INSTALL := sh scripts/install-python-deps.sh $(VENV_PY)
+# Recipes (and the processes they start: sidecars, kubelet pods) find the venv's fluidpd first.
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+export VIRTUAL_ENV := $(abspath $(VENV))
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-install:
-	$(PIP) install --quiet -e .
+.PHONY: venv install install-dev system-deps run sim test checks lint typecheck unit pytest \
+	bench results clean chart-crds dashboards requirements testplane cluster
 
-install-dev: system-deps
-	$(PIP) install --quiet -e '.[dev]'
+$(VENV_PY):
+	$(PYTHON) -m venv $(VENV)
+
+venv: $(VENV_PY)
+
+install: $(VENV_PY)
+	$(INSTALL) .
+
+install-dev: $(VENV_PY) system-deps
+	$(INSTALL) '.[dev]'
 
 system-deps:
 	sh scripts/install-system-deps.sh
 
 # The main job on the embedded default: a local FluidPD deployment (8 sim-engine sidecars
 # starting 4P4D, router, controller) serves 2,000 requests of Azure (mixed) at 20 req/s, once
-# with the static split and once with FluidPD; the simulator runs the same slice; the
-# attainment table compares all four.
+# with the static split and once with FluidPD; the simulator runs the same slice; the last
+# table compares live and simulated run by run.
 run: install
 	fluidpd evaluate --workload azure-mixed --rps 20 --num-requests 2000 --out $(OUT)
 
@@ -28,27 +50,48 @@ run: install
 sim: install
 	fluidpd sim --out out/sim
 
+# The whole suite. The test binaries (Go: CPU-bound, long when nothing is cached) build in the
+# background at the lowest CPU priority from the start, while pip installs (network-bound), the
+# linters run and pytest runs every test that needs no binary (those mostly wait on timers, so
+# the build takes the idle CPU without slowing them); the tests that need a binary come last
+# and wait for the build (e2e/harness/binaries.py). Its log: out/testplane-build.log. A failure
+# or Ctrl-C stops the build too (it runs in its own process group).
+test:
+	@mkdir -p out; \
+	setsid nice -n 19 sh e2e/testplane/build-binaries.sh >/dev/null 2>out/testplane-build.log & \
+	build=$$!; trap 'kill -TERM -$$build 2>/dev/null; exit 130' INT TERM; \
+	status=0; $(MAKE) --no-print-directory checks pytest || status=$$?; \
+	if [ $$status -ne 0 ]; then kill -TERM -$$build 2>/dev/null; wait $$build; exit $$status; fi; \
+	if ! wait $$build; then \
+	  tail -n 20 out/testplane-build.log; echo "make test: building the test binaries failed"; \
+	  exit 1; \
+	fi
+
+checks: lint typecheck
+
 lint: install-dev
 	ruff check .
-	ruff format --check fluidpd tests worker-sidecar operator scripts e2e
+	ruff format --check fluidpd tests worker-sidecar operator scripts e2e conftest.py
 
 typecheck: install-dev
 	mypy fluidpd worker-sidecar/fluidpd_sidecar operator/fluidpd_operator e2e/harness
 
 unit: install-dev testplane
-	$(PYTHON) -m pytest -q
+	@$(MAKE) --no-print-directory pytest
 
-test: lint typecheck unit
+pytest:
+	$(VENV_PY) -m pytest -q -n $(TEST_JOBS) --dist loadgroup --no-loadscope-reorder --durations=25
 
-# The e2e test plane's binaries (kube-apiserver, kube-controller-manager, kube-scheduler, kubectl,
-# etcd, helm), built from the Go module proxy once (5-10 min) and cached in ~/.cache/fluidpd.
+# The binaries the tests run (kube-apiserver, kube-controller-manager, kube-scheduler, kubectl,
+# etcd, helm, prometheus, promtool), built from the Go module proxy once and cached in
+# ~/.cache/fluidpd (e2e/README.md).
 testplane:
-	sh e2e/testplane/build-binaries.sh
+	sh e2e/testplane/build-binaries.sh >/dev/null
 
 # A local cluster to poke at: the test control plane plus the fake kubelet; prints
 # `export KUBECONFIG=...`, runs until Ctrl-C.
 cluster: install-dev testplane
-	cd e2e && $(PYTHON) -m harness.cluster
+	cd e2e && $(abspath $(VENV_PY)) -m harness.cluster
 
 bench: install
 	fluidpd bench --out results/bench
@@ -63,13 +106,13 @@ chart-crds:
 	cp crds/fluidpd.io_fluidpddeployments.yaml helm/fluidpd/files/
 
 # The Grafana dashboards the chart ships are generated (tests/monitoring checks they are fresh).
-dashboards:
-	$(PYTHON) scripts/make_dashboards.py
+dashboards: $(VENV_PY)
+	$(VENV_PY) scripts/make_dashboards.py
 
 # Pinned requirements files of the images (requirements/*.txt) from pyproject.toml, at the
 # versions installed here (tests/images checks they match and resolve).
-requirements:
-	$(PYTHON) scripts/lock_requirements.py
+requirements: $(VENV_PY)
+	$(VENV_PY) scripts/lock_requirements.py
 
 clean:
 	rm -rf out build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis

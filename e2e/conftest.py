@@ -8,6 +8,11 @@
 - `namespace` (function): a fresh namespace (its `default` ServiceAccount ready), deleted after
   the test (waiting until its pods are gone, not for the namespace object itself).
 - `k8s_api` (session): an admin `kubernetes.client.ApiClient`.
+- `persistent_volumes` (function): append the names of PVs a test creates; deleted after it.
+- `crd` (session): the FluidPDDeployment CRD installed and Established.
+- `operator` (function): a `harness.operator.Operator` (``fluidpd operator --namespace <ns>``
+  process) for the test's namespace; every FluidPDDeployment in it is deleted afterwards while
+  it still runs, and its log is printed (shown when the test fails).
 
 A failing test that used `kubelet` gets the pod output (and the control plane's log tails) in its
 report.
@@ -18,6 +23,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,6 +31,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from harness import ControlPlane, FakeKubelet, ensure_binaries, wait_for
+from harness.operator import Operator, install_crd
 
 
 @pytest.fixture(scope="session")
@@ -76,6 +83,46 @@ def namespace(
         timeout=120,
         what=f"the pods of namespace {name} to be deleted",
     )
+
+
+@pytest.fixture
+def persistent_volumes(k8s_api: Any) -> Iterator[list[str]]:
+    """Names of PersistentVolumes the test made, deleted after it (they are cluster-scoped: the
+    namespace's deletion leaves them)."""
+    names: list[str] = []
+    yield names
+    core = client.CoreV1Api(k8s_api)
+    for name in names:
+        try:
+            core.delete_persistent_volume(name)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+
+@pytest.fixture(scope="session")
+def crd(control_plane: ControlPlane) -> None:
+    install_crd(control_plane)
+
+
+@pytest.fixture
+def operator(
+    control_plane: ControlPlane,
+    kubelet: FakeKubelet,
+    crd: None,
+    namespace: str,
+    tmp_path: Path,
+) -> Iterator[Operator]:
+    op = Operator(control_plane, namespace, tmp_path / "operator.log")
+    op.start()
+    yield op
+    # The operator's finalizer stops its daemon cleanly; delete while it is still running.
+    if op.proc is None:
+        op.start()
+    control_plane.kubectl("delete", "fpd", "--all", "-n", namespace, "--timeout=90s", check=False)
+    op.stop()
+    # Captured by pytest: shown only when the test fails.
+    print(f"--- operator log ---\n{op.tail()}")
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -1,11 +1,12 @@
 #!/bin/sh
 # Debian packages the test suite needs beyond Python: the shared libraries that
-# mooncake-transfer-engine (the TCP KV transport) links against, and Prometheus (with promtool),
-# which scrapes a live stack to check the Grafana dashboards' queries. Installs only what is
-# missing; needs root (or sudo) when something is missing.
+# mooncake-transfer-engine (the TCP KV transport) links against. Libraries only: nothing here
+# installs, enables or starts a service (Prometheus for tests/monitoring is built from the Go
+# module proxy by e2e/testplane/build-binaries.sh and run by the test itself). Installs only
+# what is missing; needs root (or sudo) when something is missing.
 set -eu
 missing=""
-for pkg in libibverbs1 libnuma1 prometheus; do
+for pkg in libibverbs1 libnuma1; do
   dpkg -s "$pkg" >/dev/null 2>&1 || missing="$missing $pkg"
 done
 [ -z "$missing" ] && exit 0

@@ -1,4 +1,5 @@
-"""Finds the test plane's binaries, building them once (cached) with build-binaries.sh."""
+"""Finds the test binaries (the control plane's, helm, prometheus and promtool), building them
+once (cached) with build-binaries.sh."""
 
 from __future__ import annotations
 
@@ -14,7 +15,22 @@ REQUIRED = (
     "kube-scheduler",
     "kubectl",
     "helm",
+    "prometheus",
+    "promtool",
 )
+
+
+def binaries_ready() -> bool:
+    """Whether every binary in REQUIRED is built already (checks only: no build, no lock)."""
+    if os.environ.get("FLUIDPD_TESTPLANE_BIN"):
+        return True
+    proc = subprocess.run(
+        ["sh", str(BUILD_SCRIPT)],
+        check=False,
+        capture_output=True,
+        env={**os.environ, "FLUIDPD_TESTPLANE_CHECK": "1"},
+    )
+    return proc.returncode == 0
 
 
 def ensure_binaries() -> Path:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+import textwrap
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -27,6 +28,7 @@ from matplotlib.ticker import MaxNLocator
 matplotlib.use("Agg")
 
 __all__ = [
+    "ABLATION_COMPONENTS",
     "ABLATION_POLICIES",
     "POLICY_COLORS",
     "POLICY_LABELS",
@@ -34,6 +36,7 @@ __all__ = [
     "plot_ablation",
     "plot_attainment_vs_rps",
     "plot_timeseries",
+    "source_label",
     "window_edges",
     "write_plots",
 ]
@@ -78,6 +81,9 @@ _SPARE_COLORS = ("#1f77b4", "#e377c2", "#bcbd22", "#17becf", "#393b79", "#637939
 _SPARE_MARKERS = ("P", "X", "h", "p", "<", ">")
 #: The policies of the component ablation (Fig. 11), in bar order; oracle only when present.
 ABLATION_POLICIES: tuple[str, ...] = ("static", "fluidtoken", "fluidrole", "fluidpd", "oracle")
+#: An ablation is drawn only for a workload that ran every one of these (at the chosen rate):
+#: the baseline, each mechanism alone, and both together.
+ABLATION_COMPONENTS: tuple[str, ...] = ("static", "fluidtoken", "fluidrole", "fluidpd")
 _WORKLOAD_LABELS = {"azure-mixed": "Azure (mixed)", "azure-staged": "Azure (staged)"}
 # Fields that tell apart runs of one workload drawn in separate panels when they vary.
 _CONFIG_FIELDS = ("model", "gpu", "pd")
@@ -85,6 +91,8 @@ _STATIC_ATTAINMENT_KNEE = 0.9
 _MAX_STOLEN_BARS = 200
 _MAX_RATE_TICKS = 10
 _MAX_SPLIT_TICKS = 10
+#: Average width of a character of the bold title font, in inches at 12 pt (for wrapping).
+_TITLE_CHAR_IN = 0.105
 
 
 # -- small helpers ----------------------------------------------------------------------------
@@ -165,6 +173,32 @@ def _legend(fig: Figure, handles: Sequence[Any]) -> None:
     fig.legend(handles=handles, loc="outside lower center", ncols=math.ceil(len(handles) / rows))
 
 
+def source_label(runs: Iterable[Mapping[str, Any]]) -> str:
+    """What the runs are: "Live" (replays against an endpoint record it), "Simulated", or
+    both."""
+    live = {"endpoint" in r for r in runs}
+    if live == {True}:
+        return "Live"
+    return "Simulated" if live == {False} else "Live and simulated"
+
+
+def _setup_label(runs: Sequence[Mapping[str, Any]]) -> str:
+    """The model, GPU and initial split the runs share ("" for what they do not share)."""
+    parts = []
+    for field, fmt in (("model", "{}"), ("gpu", "on {}"), ("pd", "from {}")):
+        values = {str(r.get(field)) for r in runs if r.get(field) not in (None, "", "unknown")}
+        if len(values) == 1:
+            parts.append(fmt.format(values.pop()))
+    return " ".join(parts)
+
+
+def _suptitle(fig: Figure, *lines: str) -> None:
+    """A bold figure title, each line wrapped to the figure's width so none is cut off."""
+    width = max(20, int((float(fig.get_figwidth()) - 0.4) / _TITLE_CHAR_IN))
+    wrapped = [w for line in lines if line for w in textwrap.wrap(line, width)]
+    fig.suptitle("\n".join(wrapped), fontweight="bold")
+
+
 def _save(fig: Figure, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=DPI)
@@ -213,6 +247,7 @@ def _grid_shape(n: int, max_cols: int = 3) -> tuple[int, int]:
 def _attainment_figure(
     runs: Sequence[Mapping[str, Any]], slo_label: str, show_ttft: bool
 ) -> Figure | None:
+    """Fig. 9a, titled with what the runs are (live or simulated) and their shared setup."""
     slo = _mean_by(runs, "slo_attainment")
     if not slo:
         return None
@@ -220,7 +255,8 @@ def _attainment_figure(
     panels = sorted({k[0] for k in slo}, key=lambda k: (k[0], k[1]))
     policies = _ordered({k[1] for k in slo})
     nrows, ncols = _grid_shape(len(panels))
-    fig = Figure(figsize=(4.6 * ncols, 3.5 * nrows + 0.9), layout="constrained")
+    # A single panel gets room for its two-line title.
+    fig = Figure(figsize=(max(6.0, 4.6 * ncols), 3.5 * nrows + 1.1), layout="constrained")
     axes = fig.subplots(nrows, ncols, squeeze=False)
     for i, panel in enumerate(panels):
         ax: Axes = axes.flat[i]
@@ -271,8 +307,8 @@ def _attainment_figure(
             Line2D([], [], color="black", linewidth=2, label="overall SLO"),
             Line2D([], [], color="black", linestyle="--", linewidth=1.2, label="TTFT only"),
         ]
-    title = "Overall SLO attainment vs request rate"
-    fig.suptitle(f"{title} ({slo_label})" if slo_label else title, fontweight="bold")
+    setup = ", ".join(p for p in (_setup_label(runs), slo_label) if p)
+    _suptitle(fig, f"{source_label(runs)}: overall SLO attainment vs request rate", setup)
     _legend(fig, handles)
     return fig
 
@@ -376,20 +412,22 @@ def _timeseries_figure(
         ax_split.step(t, n_p + offset, where="post", color=_color(policy), linewidth=1.8)
         levels.update(int(v) for v in n_p if math.isfinite(v))
         t_max = max(t_max, float(t[-1]))
+    # One labelling in every figure: the y axis counts prefill workers; the panel title says
+    # how many workers there are (a worker mid-switch counts in neither role, so the most
+    # seen at once), or that autoscaling changes that number.
     if levels:
         lo, hi = min(levels), max(levels)
         ax_split.set_ylim(lo - 0.6, hi + 0.6)
         ticks = list(range(lo, hi + 1))
         ax_split.set_yticks(ticks)
-        if len(totals) == 1:  # a fixed number of workers: label ticks as splits ("5P3D")
-            total = round(totals.pop())
-            ax_split.set_yticklabels([f"{p}P{total - p}D" for p in ticks])
-            ax_split.set_ylabel("P/D split")
-        else:  # workers come and go (autoscale): plain counts
-            if len(ticks) > _MAX_SPLIT_TICKS:
-                ax_split.yaxis.set_major_locator(MaxNLocator(nbins=_MAX_SPLIT_TICKS, integer=True))
-            ax_split.set_ylabel("Prefill workers")
-    ax_split.set_title("Prefill workers (P/D split)", loc="left", fontsize=10)
+        if len(ticks) > _MAX_SPLIT_TICKS:
+            ax_split.yaxis.set_major_locator(MaxNLocator(nbins=_MAX_SPLIT_TICKS, integer=True))
+    ax_split.set_ylabel("Prefill workers")
+    if "autoscale" in (p for p, *_ in split) or not totals:
+        of = "the rest decode; autoscale adds and removes workers"
+    else:
+        of = f"of {round(max(totals))} workers, the rest decode"
+    ax_split.set_title(f"P/D split: prefill workers ({of})", loc="left", fontsize=10)
 
     # (4) stolen tokens, summed into at most _MAX_STOLEN_BARS intervals.
     interval: float | None = None
@@ -436,7 +474,7 @@ def _timeseries_figure(
         )
     if edges:
         handles.append(Line2D([], [], color="0.25", linestyle=":", label="window boundary"))
-    fig.suptitle(title, fontweight="bold")
+    _suptitle(fig, title)
     _legend(fig, handles)
     return fig
 
@@ -479,17 +517,22 @@ def _pick_rps(
 
 
 def _ablation_figure(
-    runs: Sequence[Mapping[str, Any]], rps_by_workload: Mapping[str, float] | None
+    runs: Sequence[Mapping[str, Any]],
+    rps_by_workload: Mapping[str, float] | None,
+    slo_label: str = "",
 ) -> Figure | None:
     runs = [r for r in runs if r.get("policy") in ABLATION_POLICIES]
     slo = _mean_by(runs, "slo_attainment")
-    if not slo:
-        return None
     cells: dict[tuple[str, tuple[str, ...]], dict[tuple[str, float], float]] = defaultdict(dict)
     for (panel, policy, rps), value in slo.items():
         cells[panel][(policy, rps)] = value
-    groups = sorted(cells)
-    chosen = {g: _pick_rps(g[0], cells[g], rps_by_workload) for g in groups}
+    chosen = {g: _pick_rps(g[0], cells[g], rps_by_workload) for g in cells}
+    # Only workloads with the whole ablation at the rate shown: two bars are no ablation.
+    groups = sorted(
+        g for g in cells if all((p, chosen[g]) in cells[g] for p in ABLATION_COMPONENTS)
+    )
+    if not groups:
+        return None
     policies = [p for p in ABLATION_POLICIES if any((p, chosen[g]) in cells[g] for g in groups)]
     width = 0.8 / len(policies)
     fig = Figure(
@@ -521,7 +564,11 @@ def _ablation_figure(
     ax.set_yticks(range(0, 101, 20))
     ax.set_xlim(-0.6, len(groups) - 0.4)
     ax.grid(True, axis="y", alpha=0.35, zorder=0)
-    ax.set_title("Component ablation: overall SLO attainment", fontweight="bold")
+    _suptitle(
+        fig,
+        f"{source_label(runs)}: component ablation, overall SLO attainment",
+        ", ".join(p for p in (_setup_label(runs), slo_label) if p),
+    )
     _legend(
         fig,
         [
@@ -541,7 +588,8 @@ def plot_ablation(
     FluidRole-only, FluidPD (and oracle when present) per workload, with value labels. Each
     workload is shown at one rate: its only rate; else ``rps_by_workload[workload]`` (nearest
     rate run); else the highest rate at which static attainment is below 90 %; else the highest
-    rate. Returns ``path``; writes nothing when no ablation policy has an attainment value."""
+    rate. A workload is left out unless all of ``ABLATION_COMPONENTS`` ran at that rate.
+    Returns ``path``; writes nothing when no workload has the whole ablation."""
     fig = _ablation_figure(runs, rps_by_workload)
     return path if fig is None else _save(fig, path)
 
@@ -577,10 +625,11 @@ def write_plots(
     (workload, rps, policy)) into ``out_dir``; a figure with nothing to draw is skipped.
     Returns the paths written."""
     written: list[Path] = []
-    fig = _attainment_figure(runs, _slo_label(runs, ttft_slo), show_ttft=False)
+    slo_label = _slo_label(runs, ttft_slo)
+    fig = _attainment_figure(runs, slo_label, show_ttft=False)
     if fig is not None:
         written.append(_save(fig, out_dir / "attainment_vs_rps.png"))
-    fig = _ablation_figure(runs, rps_by_workload)
+    fig = _ablation_figure(runs, rps_by_workload, slo_label)
     if fig is not None:
         written.append(_save(fig, out_dir / "ablation.png"))
     by_run: dict[tuple[str, float], dict[str, Mapping[str, Any]]] = defaultdict(dict)
@@ -588,10 +637,14 @@ def write_plots(
         if s:
             by_run[(str(workload), float(rps))][str(policy)] = s
     edges_by = window_edges_by_workload or {}
+    source = source_label(runs) if runs else "Simulated"
     for (workload, rps), per_policy in sorted(by_run.items()):
+        at = [r for r in runs if str(r.get("workload")) == workload and _num(r.get("rps")) == rps]
+        shown = " vs ".join(_label(p) for p in _ordered(per_policy))
         fig = _timeseries_figure(
             per_policy,
-            f"{_workload_label(workload)} at {rps:g} req/s: time series",
+            f"{source_label(at) if at else source}: {shown} over time, "
+            f"{_workload_label(workload)} at {rps:g} req/s",
             ttft_slo,
             edges_by.get(workload, ()),
         )

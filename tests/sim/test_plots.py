@@ -229,11 +229,19 @@ def test_ablation_with_requested_rates(tmp_path: Path) -> None:
     _assert_png(path)
 
 
-def test_ablation_missing_policies(tmp_path: Path) -> None:
-    runs = _runs(policies=("static", "fluidpd"), workloads=("azure-mixed",)) + _runs(
+def test_ablation_needs_every_component(tmp_path: Path) -> None:
+    """Two bars are no ablation: a workload shows up only with static, FluidToken-only,
+    FluidRole-only and FluidPD at the rate shown."""
+    partial = _runs(policies=("static", "fluidpd"), workloads=("azure-mixed",)) + _runs(
         policies=("fluidrole", "autoscale"), workloads=("azure-staged",), rates=(30.0,)
     )
-    _assert_png(plot_ablation(runs, tmp_path / "ab.png"))
+    assert not plot_ablation(partial, tmp_path / "none.png").exists()
+    complete = _runs(policies=plots.ABLATION_COMPONENTS, workloads=("azure-staged",))
+    fig = plots._ablation_figure(partial + complete, None)
+    assert fig is not None
+    (ax,) = fig.axes
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["Azure (staged)\n30 req/s"]
+    _assert_png(plot_ablation(partial + complete, tmp_path / "ab.png"))
 
 
 @pytest.mark.parametrize("runs", [[], _runs(policies=("autoscale", "mystery"))])
@@ -294,11 +302,7 @@ def test_write_plots_missing_policies(tmp_path: Path) -> None:
     runs = _runs(policies=("fluidpd",), workloads=("azure-mixed",), rates=(20.0,))
     series = _series_map([("azure-mixed", 20.0)], ("fluidpd", "oracle"))
     written = write_plots(tmp_path, runs, series, 2.0, {})
-    assert {p.name for p in written} == {
-        "attainment_vs_rps.png",
-        "ablation.png",
-        "timeseries_azure-mixed_20.png",
-    }
+    assert {p.name for p in written} == {"attainment_vs_rps.png", "timeseries_azure-mixed_20.png"}
 
 
 def test_write_plots_only_autoscale_skips_ablation(tmp_path: Path) -> None:
@@ -319,3 +323,82 @@ def test_window_edges() -> None:
         windows=(("conv-1", 0, 2), ("code", 2, 4), ("conv-2", 4, 5), ("empty", 5, 5)),
     )
     assert plots.window_edges(workload) == [2.5, 7.0]
+
+
+# -- titles: what the figure shows, never cut off ---------------------------------------------
+def _live(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [dict(r, endpoint="http://127.0.0.1:8000") for r in runs]
+
+
+def _title_fits(fig: Any) -> str:
+    """The figure's title after drawing, checked to lie inside the figure."""
+    fig.canvas.draw()
+    title = fig.get_suptitle()
+    box = fig._suptitle.get_window_extent()
+    assert box.x0 >= 0 and box.x1 <= fig.bbox.width and box.y1 <= fig.bbox.height, title
+    return " ".join(title.split())
+
+
+def test_source_label() -> None:
+    assert plots.source_label(_runs()) == "Simulated"
+    assert plots.source_label(_live(_runs())) == "Live"
+    assert plots.source_label(_runs() + _live(_runs())) == "Live and simulated"
+
+
+@pytest.mark.parametrize("live", [False, True])
+def test_attainment_title_says_live_or_simulated_and_the_setup(live: bool) -> None:
+    # make run's case: one workload at one rate, two policies, one narrow panel.
+    runs = _runs(policies=("static", "fluidpd"), workloads=("azure-mixed",), rates=(20.0,))
+    slo = "TTFT ≤ 2 s, TPOT ≤ 100 ms"
+    fig = plots._attainment_figure(_live(runs) if live else runs, slo, False)
+    title = _title_fits(fig)
+    source = "Live" if live else "Simulated"
+    assert title.startswith(f"{source}: overall SLO attainment vs request rate"), title
+    assert "llama-3.1-8b on a100-80gb from 4P4D, TTFT ≤ 2 s, TPOT ≤ 100 ms" in title
+
+
+def test_ablation_title_and_timeseries_title_name_the_runs() -> None:
+    fig = plots._ablation_figure(_live(_runs(policies=plots.ABLATION_COMPONENTS)), None)
+    assert _title_fits(fig).startswith("Live: component ablation, overall SLO attainment")
+    series = {p: _series(p) for p in ("static", "fluidpd")}
+    title = "Live: Static vs FluidPD over time, Azure (mixed) at 20 req/s"
+    fig = plots._timeseries_figure(series, title, 2.0, ())
+    assert _title_fits(fig) == title
+
+
+def test_write_plots_titles_live_and_simulated_apart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = _runs(policies=("static", "fluidpd"), workloads=("azure-mixed",), rates=(20.0,))
+    series = _series_map([("azure-mixed", 20.0)], ("static", "fluidpd"))
+    seen: list[str] = []
+    real_save = plots._save
+
+    def save(fig: Any, path: Path) -> Path:
+        seen.append(" ".join(fig.get_suptitle().split()))
+        return real_save(fig, path)
+
+    monkeypatch.setattr(plots, "_save", save)
+    write_plots(tmp_path / "sim", runs, series, 2.0)
+    write_plots(tmp_path / "live", _live(runs), series, 2.0)
+    assert [t.split(":")[0] for t in seen] == ["Simulated"] * 2 + ["Live"] * 2, seen
+    assert "Live: Static vs FluidPD over time, Azure (mixed) at 20 req/s" in seen
+
+
+@pytest.mark.parametrize("autoscale", [False, True])
+def test_split_axis_is_labelled_one_way(autoscale: bool) -> None:
+    """Prefill workers on the y axis in every figure, with or without a fixed worker count; a
+    worker mid-switch (in neither role) does not change the count the title gives."""
+    fixed = _series("fluidpd")
+    fixed["n_decode"] = [d - (1 if 119 <= i < 122 else 0) for i, d in enumerate(fixed["n_decode"])]
+    series = {"static": _series("static"), "fluidpd": fixed}
+    if autoscale:
+        grown = _series("autoscale")
+        grown["n_decode"] = [4 if x < 150 else 5 for x in grown["t"]]
+        series["autoscale"] = grown
+    fig = plots._timeseries_figure(series, "t", 2.0, ())
+    split = fig.axes[2]
+    assert split.get_ylabel() == "Prefill workers"
+    assert [t.get_text() for t in split.get_yticklabels()] == ["4", "5"]
+    expected = "the rest decode; autoscale" if autoscale else "of 8 workers, the rest decode"
+    assert expected in split.get_title(loc="left")

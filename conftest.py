@@ -1,0 +1,74 @@
+"""How pytest-xdist may spread the suite over processes (``make test`` runs ``pytest -n 2
+--dist loadgroup --no-loadscope-reorder``; without ``--dist loadgroup`` this file changes
+nothing; without ``--no-loadscope-reorder`` xdist hands out the modules with the most tests
+first, whatever the order below).
+
+A group runs on one worker, in collection order. Every test module is one group, so a module's
+fixtures (a live stack, Prometheus, a Helm release) start once and its tests keep their order.
+The modules in ``SPLIT`` hold long tests that are independent of each other (each makes its own
+namespace or its own stack), so they are spread test by test and run side by side; each worker
+then has its own test control plane (the fake kubelets lease pod addresses machine-wide, so two
+never collide).
+
+Work is handed out in collection order, so the order decides how well two workers are used:
+- test binaries built: the longest work first (``LONGEST``, from ``pytest --durations``), since
+  a long test started last leaves the other worker idle until it ends;
+- not built yet (a cold ``make test`` builds them in the background meanwhile): every test that
+  needs none first, then the ones that do (``NEEDS_BINARIES``; they wait for the build).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+import pytest
+
+from harness.binaries import binaries_ready
+
+SPLIT = frozenset({"e2e/test_operator.py", "tests/serve/test_drills.py"})
+LONGEST = (
+    "e2e/test_operator.py",
+    "tests/monitoring/test_dashboards.py",
+    "tests/serve/test_drills.py",
+    "tests/serve/test_schemathesis.py",
+    "tests/images/test_dockerfiles.py",
+    "tests/serve/test_retire.py",
+    "tests/serve/test_controller.py",
+    "e2e/test_controlplane.py",
+)
+NEEDS_BINARIES = ("e2e/", "tests/helm/", "tests/monitoring/test_dashboards.py")
+
+
+def _module(item: pytest.Item) -> str:
+    return item.nodeid.split("::", 1)[0]
+
+
+def _rank(module: str, ready: bool) -> tuple[int, int]:
+    longest = LONGEST.index(module) if module in LONGEST else len(LONGEST)
+    waits = not ready and module.startswith(NEEDS_BINARIES)
+    return (int(waits), longest)
+
+
+@cache
+def _ready() -> bool:
+    return binaries_ready()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist, in the controller: decide once for all workers (their collections must be the
+    same, in the same order, even if the build finishes while they collect)."""
+    node.workerinput["fluidpd_binaries_ready"] = _ready()
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.pluginmanager.hasplugin("xdist") or config.getoption("dist") != "loadgroup":
+        return
+    worker: dict[str, Any] | None = getattr(config, "workerinput", None)
+    ready = bool(worker["fluidpd_binaries_ready"]) if worker else _ready()
+    items.sort(key=lambda item: _rank(_module(item), ready))  # stable: module order kept
+    for item in items:
+        if _module(item) not in SPLIT:
+            item.add_marker(pytest.mark.xdist_group(_module(item)))
