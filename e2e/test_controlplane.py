@@ -400,21 +400,35 @@ def test_config_map_and_secret_volumes_are_mounted_per_pod(
     # The host's path is not touched by the pods' mounts.
     assert not list(Path("/etc/fpd-test").iterdir())
 
-    # A ConfigMap that does not exist: the container waits, as the kubelet's does.
+    # A ConfigMap that does not exist: the pod waits in ContainerCreating with a FailedMount
+    # Event, as the kubelet's does (the volume is set up before the sandbox).
     spec = _pod_spec(
         [PY, "-c", "print('ran')"],
         volumes=[{"name": "conf", "configMap": {"name": "absent"}}],
         container={"volumeMounts": [{"name": "conf", "mountPath": "/etc/fpd-test"}]},
     )
     _create_pod(core, namespace, "mount-missing", spec)
+    event = wait_for(
+        lambda: [e for e in core.list_namespaced_event(namespace).items
+                 if e.involved_object.name == "mount-missing" and e.reason == "FailedMount"],
+        timeout=60, what="a FailedMount event",
+    )[0]  # fmt: skip
+    assert event.type == "Warning" and event.source.component == "kubelet"
+    assert (
+        event.message == 'MountVolume.SetUp failed for volume "conf" : configmap "absent" not found'
+    )
 
-    def waiting() -> str | None:
-        statuses = core.read_namespaced_pod("mount-missing", namespace).status.container_statuses
-        state = statuses[0].state.waiting if statuses else None
-        return f"{state.reason}: {state.message}" if state else None
+    # (The Event is posted before the status is written.)
+    def creating() -> bool:
+        status = core.read_namespaced_pod("mount-missing", namespace).status
+        conditions = {c.type: c.status for c in status.conditions or []}
+        return (
+            status.phase == "Pending"
+            and status.container_statuses[0].state.waiting.reason == "ContainerCreating"
+            and conditions["PodReadyToStartContainers"] == "False"
+        )
 
-    reason = wait_for(waiting, timeout=60, what="a waiting reason")
-    assert reason.startswith("CreateContainerConfigError") and '"absent"' in reason, reason
+    wait_for(creating, timeout=30, what="Pending in ContainerCreating")
     assert "ran" not in kubelet.logs("mount-missing", namespace)
 
 

@@ -10,13 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
-import subprocess
-import sys
 import threading
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,91 +19,26 @@ import pytest
 import yaml
 
 from fluidpd.drills.load import LoadReport, OpenLoopLoad
-from harness import ControlPlane, FakeKubelet, wait_for
+from harness import ControlPlane, wait_for
 from harness.controlplane import KubectlError
+from harness.operator import (
+    Operator,
+    apply,
+    condition,
+    events,
+    kubectl_json,
+    router_url,
+    router_workers,
+    status,
+    wait_ready,
+    worker_pods,
+)
 
 pytestmark = pytest.mark.k8s
 
 ROOT = Path(__file__).resolve().parents[1]
-CRD = ROOT / "crds" / "fluidpd.io_fluidpddeployments.yaml"
 MODEL = "llama-3.1-8b"
 ROLE = "fluidpd.io/role"
-
-
-@pytest.fixture(scope="module")
-def crd(control_plane: ControlPlane) -> None:
-    control_plane.kubectl("apply", "--server-side", "-f", str(CRD))
-    control_plane.kubectl(
-        "wait", "--for=condition=Established", "crd/fluidpddeployments.fluidpd.io", "--timeout=60s"
-    )
-
-
-class Operator:
-    """A ``fluidpd operator`` process watching one namespace."""
-
-    def __init__(self, cp: ControlPlane, namespace: str, log: Path) -> None:
-        self.cp = cp
-        self.namespace = namespace
-        self.log = log
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        env = dict(os.environ, KUBECONFIG=str(self.cp.kubeconfig), FLUIDPD_RESYNC_SECONDS="5")
-        exe = Path(sys.executable).with_name("fluidpd")
-        argv = [str(exe), "operator", "--namespace", self.namespace, "--standalone"]
-        with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(
-                [*argv, "--log-level", "info"], env=env, stdout=out, stderr=subprocess.STDOUT
-            )
-
-    def kill(self) -> None:
-        """SIGKILL: no cleanup, no goodbye, like a node failure."""
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
-        self.proc = None
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-            self.proc = None
-
-    def tail(self, n: int = 6000) -> str:
-        return self.log.read_text(errors="replace")[-n:] if self.log.exists() else ""
-
-
-@pytest.fixture
-def operator(
-    control_plane: ControlPlane,
-    kubelet: FakeKubelet,
-    crd: None,
-    namespace: str,
-    tmp_path: Path,
-) -> Iterator[Operator]:
-    op = Operator(control_plane, namespace, tmp_path / "operator.log")
-    op.start()
-    yield op
-    # The operator's finalizer stops its daemon cleanly; delete while it is still running.
-    if op.proc is None:
-        op.start()
-    control_plane.kubectl("delete", "fpd", "--all", "-n", namespace, "--timeout=90s", check=False)
-    op.stop()
-    # Captured by pytest: shown only when the test fails.
-    print(f"--- operator log ---\n{op.tail()}")
-
-
-# -- helpers ----------------------------------------------------------------------------------
-def kubectl_json(cp: ControlPlane, *args: str) -> Any:
-    return json.loads(cp.kubectl(*args, "-o", "json").stdout)
-
-
-def apply(cp: ControlPlane, namespace: str, doc: dict[str, Any]) -> None:
-    cp.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(doc))
 
 
 def deployment(name: str, **spec: Any) -> dict[str, Any]:
@@ -118,66 +48,6 @@ def deployment(name: str, **spec: Any) -> dict[str, Any]:
         "metadata": {"name": name},
         "spec": {"model": {"name": MODEL}, **spec},
     }
-
-
-def worker_pods(cp: ControlPlane, ns: str, name: str) -> list[dict[str, Any]]:
-    got = kubectl_json(
-        cp, "get", "pods", "-n", ns, "-l", f"fluidpd.io/deployment={name},"
-        "app.kubernetes.io/component=worker",
-    )  # fmt: skip
-    items: list[dict[str, Any]] = got["items"]
-    return [p for p in items if not p["metadata"].get("deletionTimestamp")]
-
-
-def status(cp: ControlPlane, ns: str, name: str) -> dict[str, Any]:
-    st: dict[str, Any] = kubectl_json(cp, "get", "fpd", name, "-n", ns).get("status", {})
-    return st
-
-
-def condition(st: dict[str, Any], type_: str) -> str | None:
-    for c in st.get("conditions", []):
-        if c["type"] == type_:
-            return str(c["status"])
-    return None
-
-
-def wait_ready(cp: ControlPlane, ns: str, name: str, workers: int, timeout: float = 150) -> None:
-    def ready() -> bool:
-        st = status(cp, ns, name)
-        return st.get("readyWorkers") == workers and condition(st, "Ready") == "True"
-
-    wait_for(ready, timeout=timeout, what=f"{name}: {workers} ready workers and Ready=True")
-
-
-def router_url(cp: ControlPlane, ns: str, name: str) -> str:
-    def find() -> str | None:
-        pods = kubectl_json(
-            cp, "get", "pods", "-n", ns, "-l",
-            f"fluidpd.io/deployment={name},app.kubernetes.io/component=router",
-        )["items"]  # fmt: skip
-        for p in pods:
-            ip = p.get("status", {}).get("podIP")
-            ready = any(
-                c["type"] == "Ready" and c["status"] == "True"
-                for c in p.get("status", {}).get("conditions", [])
-            )
-            if ip and ready:
-                return f"http://{ip}:8000"
-        return None
-
-    url: str = wait_for(find, timeout=90, what="a ready router pod")
-    return url
-
-
-def router_workers(url: str) -> dict[str, dict[str, Any]]:
-    with urllib.request.urlopen(f"{url}/admin/stats", timeout=5) as resp:
-        stats = json.loads(resp.read())
-    return {w["worker"]: w for w in stats["workers"]}
-
-
-def events(cp: ControlPlane, ns: str, reason: str) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = kubectl_json(cp, "get", "events", "-n", ns)["items"]
-    return [e for e in items if e.get("reason") == reason]
 
 
 class BackgroundLoad:
@@ -383,6 +253,26 @@ def test_operator_killed_mid_drain_completes_the_switch(
         ({"autoscaling": {"enabled": True, "maxWorkers": 4}, "workers": 8},
          "autoscaling.maxWorkers must be at least workers"),
         ({"fluidRole": {"drainMode": "abort"}}, 'Unsupported value: "abort"'),
+        ({"model": {"name": MODEL, "source": {
+            "hostPath": {"path": "/m"}, "persistentVolumeClaim": {"claimName": "w"}}}},
+         "model.source: set exactly one of persistentVolumeClaim or hostPath"),
+        ({"model": {"name": MODEL, "source": {}}},
+         "model.source: set exactly one of persistentVolumeClaim or hostPath"),
+        ({"model": {"name": MODEL, "source": {"hostPath": {"path": "models/tiny"}}}},
+         "model.source.hostPath.path must be an absolute path"),
+        ({"model": {"name": MODEL, "source": {"hostPath": {"path": "/m/../etc"}}}},
+         "model.source.hostPath.path must be an absolute path without '..'"),
+        ({"model": {"name": MODEL, "source": {"hostPath": {"path": "/m", "type": "File"}}}},
+         'spec.model.source.hostPath.type: Unsupported value: "File"'),
+        ({"model": {"name": MODEL, "source": {"persistentVolumeClaim": {"claimName": ""}}}},
+         "spec.model.source.persistentVolumeClaim.claimName: Invalid value"),
+        ({"model": {"name": MODEL, "source": {"persistentVolumeClaim": {"claimName": "Bad_Name"}}}},
+         "spec.model.source.persistentVolumeClaim.claimName: Invalid value"),
+        ({"model": {"name": MODEL, "source": {"persistentVolumeClaim": {
+            "claimName": "w", "subPath": "../up"}}}},
+         "subPath must be a relative path without '..'"),
+        ({"engine": {"backend": "gpu", "kvTransfer": "sim"}},
+         "engine.kvTransfer: the gpu backend hands off real KV; use shm or mooncake"),
     ],
 )  # fmt: skip
 def test_invalid_objects_are_rejected(
@@ -392,6 +282,18 @@ def test_invalid_objects_are_rejected(
         apply(control_plane, namespace, deployment("bad", **spec))
     assert message in err.value.stderr, err.value.stderr
     assert 'The FluidPDDeployment "bad" is invalid' in err.value.stderr
+
+
+@pytest.mark.parametrize("example", sorted(p.name for p in (ROOT / "examples").glob("*.yaml")))
+def test_examples_are_valid_for_the_api_server(
+    control_plane: ControlPlane, crd: None, namespace: str, example: str
+) -> None:
+    # Server-side dry run: every object of the file is defaulted, validated (OpenAPI, CEL) and
+    # admitted by the real API server, and nothing is stored.
+    out = control_plane.kubectl(
+        "apply", "--dry-run=server", "-n", namespace, "-f", str(ROOT / "examples" / example)
+    ).stdout
+    assert "fluidpddeployment.fluidpd.io/" in out and "(server dry run)" in out, out
 
 
 def test_workers_use_the_profile_config_map(

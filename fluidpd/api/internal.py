@@ -4,14 +4,24 @@ SGLang-like split of one request into two halves under one integer id (its ``boo
 the router sends the prefill half to the prefill sidecar and the decode half to the decode
 sidecar; the decode side reserves KV first and tells the prefill side, which then computes
 the prefix and hands its KV over.
+
+Both halves carry the whole prompt as token ids (the router tokenized it; ``prompt_len`` is
+``len(prompt_ids)``) and the request's ``SamplingParams``. The prefill worker computes the
+prefix ``prompt_ids[:p]``; when ``p`` is the whole prompt it also samples the first output
+token, which travels in the ``Handoff``. The decode worker runs the stolen suffix
+``prompt_ids[p:]`` (if any) on top of the imported KV, samples the rest, detokenizes
+incrementally and stops the request (EOS, stop ids, stop strings, ``max_new_tokens``); its
+NDJSON stream of ``DecodeEvent`` lines carries the token ids, their text and, when asked,
+their log-probabilities.
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from fluidpd.api.sampling import FinishReason, SampledToken, SamplingParams
 from fluidpd.core.scheduler.worker import Pressure
 from fluidpd.core.types import DrainMode, Role, RoleState
 
@@ -26,10 +36,19 @@ class RequestHalf(_Model):
     """Fields both halves carry."""
 
     rid: int = Field(ge=0, le=MAX_RID)
-    prompt_len: int = Field(ge=1)
-    max_new_tokens: int = Field(ge=1)
+    #: The whole prompt's token ids (the router checked them against the vocabulary).
+    prompt_ids: list[int] = Field(min_length=1)
+    sampling: SamplingParams
     #: Client-side arrival (router clock, UNIX seconds): TTFT deadlines count from here.
     arrival: float
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def max_new_tokens(self) -> int:
+        return self.sampling.max_new_tokens
 
 
 class PrefillHalf(RequestHalf):
@@ -50,14 +69,41 @@ class PrefillOutcome(_Model):
     detail: str = ""
 
 
+class TopLogprob(_Model):
+    """A token and its log-probability, with its text as OpenAI reports it."""
+
+    id: int
+    #: The token's text (its bytes decoded as UTF-8, invalid bytes replaced).
+    token: str
+    #: The token's exact bytes (a token can hold part of a multi-byte character).
+    bytes: list[int]
+    logprob: float
+
+
+class TokenLogprob(TopLogprob):
+    """An output token's log-probability and the most likely alternatives at its position."""
+
+    top: list[TopLogprob] = Field(default_factory=list)
+
+
 class DecodeEvent(_Model):
     """One line of the decode half's NDJSON stream."""
 
     event: Literal["token", "done", "reroute", "migrated", "cancelled", "error"]
     #: Tokens generated so far (the first token counts).
     n: int = 0
-    #: Token ids added since the previous event.
+    #: Token ids added since the previous event (EOS and stop ids included: they count as
+    #: generated tokens in ``usage``).
     ids: list[int] = Field(default_factory=list)
+    #: Output text added since the previous event. Text that could be the start of a stop
+    #: string is held back until it is not (or the request ends), a stop string and what
+    #: follows it are never sent, and special tokens have no text; the concatenation of a
+    #: request's ``text`` is its whole output text.
+    text: str = ""
+    #: One entry per id in ``ids`` when the request asked for log-probabilities.
+    logprobs: list[TokenLogprob] | None = None
+    #: On ``done``: why the request ended.
+    finish_reason: FinishReason | None = None
     t: float = 0.0
     url: str = ""
     detail: str = ""
@@ -89,6 +135,9 @@ class Handoff(_Model):
     rid: int = Field(ge=0, le=MAX_RID)
     prefix_tokens: int = Field(ge=0)
     nbytes: int = Field(ge=0)
+    #: The first output token, sampled by the prefill worker when it computed the whole
+    #: prompt (``prefix_tokens == len(prompt_ids)``); None when a suffix runs on decode.
+    first: SampledToken | None = None
 
 
 class Abort(_Model):
@@ -105,7 +154,16 @@ class Adopt(_Model):
 
     half: DecodeHalf
     generated: int = Field(ge=1)
+    #: The ids generated so far (``generated`` of them): the adopter continues the request's
+    #: penalties, detokenization and stop-string matching from them.
+    output_ids: list[int]
     first_token_t: float
+
+    @model_validator(mode="after")
+    def _lengths(self) -> Adopt:
+        if len(self.output_ids) != self.generated:
+            raise ValueError(f"output_ids: {len(self.output_ids)} ids for {self.generated}")
+        return self
 
 
 class RoleRequest(_Model):

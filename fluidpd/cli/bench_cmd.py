@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from fluidpd import __version__
-from fluidpd.cli.options import positive_float, positive_int
+from fluidpd.cli.options import GPU_HELP, MODEL_HELP, PROFILE_HELP, positive_float, positive_int
 from fluidpd.core.fluidtoken import FluidTokenConfig
 from fluidpd.core.profile import Profile
 from fluidpd.core.scheduler.worker import Worker
@@ -38,19 +38,31 @@ def add_parser(sub: Any) -> None:
         description="Measures one FluidToken control iteration (PPI + DPI + Algorithm 1) at a "
         "given queue depth, and the wall time of a whole simulated replay.",
     )
-    p.add_argument("--model", default="llama-3.1-8b")
-    p.add_argument("--gpu", default="a100-80gb")
-    p.add_argument("--profile", default=None, help="profile YAML (replaces --model/--gpu)")
-    p.add_argument("--depth", type=positive_int, default=256, help="queue depth")
-    p.add_argument("--decode-workers", type=positive_int, default=4)
-    p.add_argument("--iterations", type=positive_int, default=3000)
-    p.add_argument("--workload", default="azure-staged", help="replay workload")
-    p.add_argument("--rps", type=positive_float, default=30.0, help="replay rate")
-    p.add_argument("--pd", default="4P4D")
-    p.add_argument("--policy", default="fluidpd", choices=sorted(MECHANISMS))
+    p.add_argument("--model", default="llama-3.1-8b", help=MODEL_HELP)
+    p.add_argument("--gpu", default="a100-80gb", help=GPU_HELP)
+    p.add_argument("--profile", default=None, help=PROFILE_HELP)
+    p.add_argument(
+        "--depth", type=positive_int, default=256, help="prefill queue depth of the iteration"
+    )
+    p.add_argument(
+        "--decode-workers",
+        type=positive_int,
+        default=4,
+        help="decode peers whose budgets the iteration reads",
+    )
+    p.add_argument("--iterations", type=positive_int, default=3000, help="control iterations timed")
+    p.add_argument("--workload", default="azure-staged", help="workload of the timed replay")
+    p.add_argument("--rps", type=positive_float, default=30.0, help="rate of the timed replay")
+    p.add_argument("--pd", default="4P4D", help="initial split of the timed replay")
+    p.add_argument(
+        "--policy",
+        default="fluidpd",
+        choices=sorted(MECHANISMS),
+        help="policy of the timed replay",
+    )
     p.add_argument("--repeat", type=positive_int, default=3, help="replay repeats")
-    p.add_argument("--skip-replay", action="store_true")
-    p.add_argument("--out", default=DEFAULT_OUT)
+    p.add_argument("--skip-replay", action="store_true", help="time the control iteration only")
+    p.add_argument("--out", default=DEFAULT_OUT, help="directory for bench.json")
     p.set_defaults(func=run)
 
 

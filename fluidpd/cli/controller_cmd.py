@@ -26,7 +26,13 @@ def add_parser(sub: Any) -> None:
         "--worker.",
     )
     p.add_argument("--router", default=None, help="router URL; its worker set is used")
-    p.add_argument("--worker", action="append", default=[], metavar="ID=URL")
+    p.add_argument(
+        "--worker",
+        action="append",
+        default=[],
+        metavar="ID=URL",
+        help="a worker sidecar to control (repeat; instead of or besides --router)",
+    )
     p.add_argument(
         "--metrics-port",
         type=positive_int,

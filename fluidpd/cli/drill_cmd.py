@@ -36,27 +36,44 @@ sources: ["synthetic: measures the serving path, not a model"]
 """
 
 
+PD_HELP = "the deployment's split, e.g. 3P3D"
+RPS_HELP = "open-loop load, req/s"
+OUT_HELP = "JSON result file"
+
+
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("drill", help="operational drills on a local deployment (JSON out)")
     drills = p.add_subparsers(dest="drill", required=True, parser_class=type(p))
     s = drills.add_parser("switches", help="role switches in both directions under load")
-    s.add_argument("--pd", default="3P3D")
-    s.add_argument("--switches", type=positive_int, default=20)
-    s.add_argument("--rps", type=positive_float, default=8.0)
-    s.add_argument("--out", default="out/drills/switches.json")
+    s.add_argument("--pd", default="3P3D", help=PD_HELP)
+    s.add_argument(
+        "--switches", type=positive_int, default=20, help="role switches, alternating directions"
+    )
+    s.add_argument("--rps", type=positive_float, default=8.0, help=RPS_HELP)
+    s.add_argument("--out", default="out/drills/switches.json", help=OUT_HELP)
     s.set_defaults(func=run_switches)
     k = drills.add_parser("kill", help="SIGKILL a worker under load")
-    k.add_argument("--pd", default="3P3D")
+    k.add_argument("--pd", default="3P3D", help=PD_HELP)
     k.add_argument(
         "--worker", default=None, help="worker to kill (default: the busiest decode worker)"
     )
-    k.add_argument("--rps", type=positive_float, default=8.0)
-    k.add_argument("--out", default="out/drills/kill.json")
+    k.add_argument("--rps", type=positive_float, default=8.0, help=RPS_HELP)
+    k.add_argument("--out", default="out/drills/kill.json", help=OUT_HELP)
     k.set_defaults(func=run_kill)
     o = drills.add_parser("router-overhead", help="router vs direct sidecar calls")
-    o.add_argument("--rps", type=positive_float, default=200.0)
-    o.add_argument("--duration", type=positive_float, default=20.0)
-    o.add_argument("--out", default="out/drills/router-overhead.json")
+    o.add_argument("--rps", type=positive_float, default=200.0, help=RPS_HELP)
+    o.add_argument(
+        "--duration", type=positive_float, default=20.0, help="seconds of load on each path"
+    )
+    o.add_argument("--prompt-len", type=positive_int, default=16, help="prompt tokens")
+    o.add_argument(
+        "--prompt-format",
+        choices=("ids", "text"),
+        default="ids",
+        help="ids: token-id prompts; text: text the router tokenizes (the direct path sends "
+        "its ids), so the difference includes tokenization",
+    )
+    o.add_argument("--out", default="out/drills/router-overhead.json", help=OUT_HELP)
     o.set_defaults(func=run_overhead)
 
 
@@ -115,7 +132,8 @@ def run_overhead(args: argparse.Namespace) -> int:
             result = asyncio.run(
                 router_overhead(
                     stack.endpoint, "serving-path", stack.workers["w0"], stack.workers["w1"],
-                    stack.token, args.rps, args.duration,
+                    stack.token, args.rps, args.duration, args.prompt_len,
+                    prompt_format=args.prompt_format,
                 )
             )  # fmt: skip
             result["orphans"] = stack.stop()

@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from fluidpd.cli.errors import UserError
-from fluidpd.cli.options import positive_float, positive_int
+from fluidpd.cli.options import GPU_HELP, MODEL_HELP, SEED_HELP, positive_float, positive_int
 from fluidpd.cli.up_cmd import LIVE_POLICIES
+from fluidpd.sim.workloads import WORKLOAD_NAMES
 
 
 def add_parser(sub: Any) -> None:
@@ -25,17 +26,32 @@ def add_parser(sub: Any) -> None:
         help="live stack vs simulator: replay a workload slice on `fluidpd up`, then simulate it",
     )
     p.add_argument(
-        "--policies", default="static,fluidpd", help="comma list (default static,fluidpd)"
+        "--policies",
+        default="static,fluidpd",
+        help=f"comma list of {', '.join(LIVE_POLICIES)}; each gets its own fresh deployment",
     )
-    p.add_argument("--workload", default="azure-mixed")
-    p.add_argument("--rps", type=positive_float, default=20.0)
-    p.add_argument("--num-requests", type=positive_int, default=1000)
-    p.add_argument("--pd", default="4P4D")
-    p.add_argument("--model", default="llama-3.1-8b")
-    p.add_argument("--gpu", default="a100-80gb")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="out/evaluate")
-    p.add_argument("--no-sim", action="store_true", help="replay only")
+    p.add_argument(
+        "--workload",
+        default="azure-mixed",
+        help=f"{', '.join(WORKLOAD_NAMES)}, or a trace CSV path",
+    )
+    p.add_argument("--rps", type=positive_float, default=20.0, help="request rate, req/s")
+    p.add_argument(
+        "--num-requests",
+        type=positive_int,
+        default=1000,
+        help="replay and simulate the first N requests of the workload",
+    )
+    p.add_argument("--pd", default="4P4D", help="initial split, e.g. 4P4D")
+    p.add_argument("--model", default="llama-3.1-8b", help=MODEL_HELP)
+    p.add_argument("--gpu", default="a100-80gb", help=GPU_HELP)
+    p.add_argument("--seed", type=int, default=0, help=SEED_HELP)
+    p.add_argument(
+        "--out",
+        default="out/evaluate",
+        help="output directory, replaced if it exists: live/, sim/, compare.json, up-*/ logs",
+    )
+    p.add_argument("--no-sim", action="store_true", help="replay only, no simulation")
     p.set_defaults(func=run)
 
 
@@ -80,5 +96,8 @@ def run(args: argparse.Namespace) -> int:
             "sim", *model, *slice_args, "--pd", args.pd, "--policy", ",".join(policies),
             "--quiet", "--out", str(out / "sim"),
         )  # fmt: skip
-        _fluidpd("compare", str(out / "live"), str(out / "sim"), "--out", str(out / "compare.json"))
+        _fluidpd(
+            "compare", str(out / "live"), str(out / "sim"), "--label-a", "live",
+            "--label-b", "simulated", "--out", str(out / "compare.json"),
+        )  # fmt: skip
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from fluidpd import __version__
 from fluidpd.cli import (
@@ -22,13 +23,19 @@ from fluidpd.cli import (
     up_cmd,
 )
 from fluidpd.cli.errors import UserError
+from fluidpd.cli.help_format import HelpFormatter
 from fluidpd.profiles import ProfileError, available_profiles
 from fluidpd.sim.policies import PolicyError
 from fluidpd.sim.workloads import WorkloadError
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, but errors are one line and exit 2 like every other user error here."""
+    """argparse, but errors are one line and exit 2 like every other user error here, and every
+    option's help shows its default and its names (``help_format``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> None:  # type: ignore[override]
         raise UserError(message)

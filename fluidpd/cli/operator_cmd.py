@@ -7,7 +7,7 @@ import os
 from typing import Any
 
 from fluidpd.cli.errors import UserError
-from fluidpd.cli.options import positive_int
+from fluidpd.cli.options import LOG_LEVELS, positive_int
 
 
 def add_parser(sub: Any) -> None:
@@ -40,7 +40,13 @@ def add_parser(sub: Any) -> None:
         default=None,
         help="serve the controllers' Prometheus metrics on this port",
     )
-    p.add_argument("--log-level", default=None, help="(default info; env FLUIDPD_LOG_LEVEL)")
+    p.add_argument(
+        "--log-level",
+        type=str.lower,
+        choices=LOG_LEVELS,
+        default=None,
+        help="log level (default info; env FLUIDPD_LOG_LEVEL)",
+    )
     p.set_defaults(func=run)
 
 

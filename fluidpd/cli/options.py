@@ -11,9 +11,32 @@ import argparse
 import logging
 import math
 import os
-from typing import Any
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from fluidpd.cli.errors import UserError
+from fluidpd.profiles import available_profiles
+from fluidpd_sidecar.gpu.config import SHAPES  # no torch: the shapes' published numbers only
+
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+
+
+#: --model / --gpu / --profile pick the profile the predictors (and the sim engine) use.
+MODEL_HELP = (
+    "model of the profile: --model M --gpu G reads profiles/M-G.yaml (shipped: "
+    + (", ".join(available_profiles()) or "none")
+    + "; `fluidpd profiles` lists them)"
+)
+GPU_HELP = (
+    "GPU type of the profile, e.g. a100-80gb or h200 (a name in the profile's file name, not "
+    "a device: the gpu engine's device is --device)"
+)
+PROFILE_HELP = "profile YAML file (replaces --model/--gpu)"
+SEED_HELP = "random seed; the same seed gives the same run"
+
+if TYPE_CHECKING:
+    from fluidpd.modeldir.model_dir import ModelDir
 
 
 def _number(text: str, kind: type[float] | type[int], *, allow_zero: bool) -> float:
@@ -44,6 +67,14 @@ def non_negative_int(text: str) -> int:
     return int(_number(text, int, allow_zero=True))
 
 
+def steal_ratio(text: str) -> float:
+    """A stealing ratio beta in [0, 1]."""
+    value = non_negative_float(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text!r}")
+    return value
+
+
 def float_list(text: str) -> list[float]:
     """Comma-separated positive numbers, duplicates dropped (e.g. ``--rps 10,20,30``)."""
     parts = [p.strip() for p in text.split(",") if p.strip()]
@@ -71,7 +102,13 @@ def add_service_options(parser: argparse.ArgumentParser, log_level: str = "warni
         default=os.environ.get("FLUIDPD_ADMIN_TOKEN"),
         help="bearer token on internal and admin endpoints (env FLUIDPD_ADMIN_TOKEN)",
     )
-    parser.add_argument("--log-level", default=log_level, help=f"(default {log_level})")
+    parser.add_argument(
+        "--log-level",
+        type=str.lower,
+        choices=LOG_LEVELS,
+        default=log_level,
+        help="log level of this process",
+    )
 
 
 def configure_logging(log_level: str, tag: str) -> None:
@@ -97,21 +134,87 @@ def serve_http(app: Any, args: argparse.Namespace) -> None:
     )
 
 
+def add_model_dir_option(parser: argparse.ArgumentParser) -> None:
+    """``--model-dir``: the Hugging Face model directory served (router, sidecars, profile)."""
+    parser.add_argument(
+        "--model-dir",
+        default=None,
+        metavar="DIR",
+        help="local Hugging Face model directory (config.json, generation_config.json, "
+        "tokenizer.json, tokenizer_config.json with the chat template, *.safetensors); "
+        "default: the embedded tokenizer, for the sim engine",
+    )
+
+
+def load_model_dir_option(args: argparse.Namespace) -> ModelDir:
+    """The ``--model-dir`` given (or the embedded default), checked; one line if it is bad."""
+    from fluidpd.modeldir.embedded import resolve_model_dir
+    from fluidpd.modeldir.model_dir import ModelDirError
+
+    try:
+        return resolve_model_dir(args.model_dir)
+    except ModelDirError as exc:
+        raise UserError(f"--model-dir: {exc}") from None
+
+
+class _DeprecatedSpelling(argparse.Action):
+    """An option's old spelling: still works, and says once on stderr what replaced it."""
+
+    def __init__(self, *args: Any, new: str, **kwargs: Any) -> None:
+        self.new = new
+        super().__init__(*args, **kwargs)
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        print(f"fluidpd: warning: {option_string} is deprecated; use {self.new}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
 def add_gpu_engine_options(parser: argparse.ArgumentParser) -> None:
     """The ``gpu`` engine's model options (shared by ``sidecar``, ``up`` and ``profile``)."""
-    g = parser.add_argument_group("gpu engine")
+    g = parser.add_argument_group("gpu engine (--engine gpu)")
+    g.add_argument(
+        "--engine-model",
+        dest="gpu_model",
+        default="llama-3.1-8b",
+        metavar="SHAPE",
+        help="the model the gpu engine runs without --model-dir, with seeded random weights "
+        "(benchmarks): "
+        + ", ".join(SHAPES)
+        + ", or a Hugging Face config.json (or its directory); with --model-dir the directory's "
+        "config.json and safetensors weights are served instead. Not the profile (--model/--gpu). "
+        "Was --gpu-model, which still works but is deprecated",
+    )
     g.add_argument(
         "--gpu-model",
-        default="llama-3.1-8b",
-        help="model shape: llama-3.1-8b, llama-3.2-1b, qwen3-8b, qwen3-0.6b, tiny-llama, "
-        "tiny-qwen3, or a Hugging Face config.json (or its directory)",
+        dest="gpu_model",
+        action=_DeprecatedSpelling,
+        new="--engine-model",
+        help=argparse.SUPPRESS,
     )
     g.add_argument(
-        "--weights", default=None, help="local safetensors directory (default: seeded weights)"
+        "--weight-seed",
+        type=int,
+        default=0,
+        help="seed of the seeded weights, identical in every process with the same seed "
+        "(no --model-dir)",
     )
-    g.add_argument("--weight-seed", type=int, default=0, help="seed of the generated weights")
-    g.add_argument("--device", default="cuda", help="torch device (cuda, cuda:1, cpu)")
-    g.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
+    g.add_argument(
+        "--device",
+        default="cuda",
+        help="torch device: cuda, cuda:N or cpu",
+    )
+    g.add_argument(
+        "--dtype",
+        choices=("bfloat16", "float16", "float32"),
+        default="bfloat16",
+        help="weights and KV cache dtype",
+    )
 
 
 def check_gpu_devices(devices: list[str]) -> None:

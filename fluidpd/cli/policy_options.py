@@ -31,7 +31,12 @@ def add_fluidrole_options(g: Group) -> None:
     add_float(g, "--dpi-adm-high", 0.2, "FluidRole DPI_adm threshold", allow_zero=True)
     add_float(g, "--interval", 1.0, "FluidRole control interval, s")
     add_float(g, "--window", 10.0, "FluidRole PPI window, s")
-    g.add_argument("--n-persist", type=positive_int, default=3)
+    g.add_argument(
+        "--n-persist",
+        type=positive_int,
+        default=3,
+        help="FluidRole switches only after pressure persists this many intervals (N_persist)",
+    )
     add_float(g, "--cooldown", 5.0, "FluidRole cooldown, s", allow_zero=True)
     add_float(
         g, "--reversal-cooldown", 300.0, "cooldown before an opposite switch, s", allow_zero=True
@@ -42,8 +47,18 @@ def add_fluidrole_options(g: Group) -> None:
         default=DrainMode.MIGRATE.value,
         help="D->P drain: migrate active requests (default) or wait for them (paper)",
     )
-    g.add_argument("--min-prefill", type=positive_int, default=1)
-    g.add_argument("--min-decode", type=positive_int, default=1)
+    g.add_argument(
+        "--min-prefill",
+        type=positive_int,
+        default=1,
+        help="FluidRole never leaves fewer prefill workers than this",
+    )
+    g.add_argument(
+        "--min-decode",
+        type=positive_int,
+        default=1,
+        help="FluidRole never leaves fewer decode workers than this",
+    )
 
 
 def slo_config(args: argparse.Namespace) -> SLO:

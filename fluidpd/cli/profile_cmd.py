@@ -21,6 +21,7 @@ from fluidpd.cli.errors import UserError
 from fluidpd.cli.options import (
     add_float,
     add_gpu_engine_options,
+    add_model_dir_option,
     check_gpu_devices,
     non_negative_float,
     positive_int,
@@ -46,6 +47,7 @@ def add_parser(sub: Any) -> None:
         description="Times prefill, suffix extends and decode iterations on the gpu engine, "
         "fits the profile coefficients and writes a profile YAML and a JSON report.",
     )
+    add_model_dir_option(p)
     add_gpu_engine_options(p)
     p.add_argument("--gpu", default="h200", help="GPU label in the profile name (default h200)")
     p.add_argument("--name", default=None, help="profile name (default <model>-<gpu>)")
@@ -62,10 +64,25 @@ def add_parser(sub: Any) -> None:
         default=None,
         help="KV pool of one worker, tokens (default on CUDA: 85%% of free memory after weights)",
     )
-    p.add_argument("--context-limit", type=positive_int, default=16384)
-    p.add_argument("--max-running", type=positive_int, default=256)
+    p.add_argument(
+        "--context-limit",
+        type=positive_int,
+        default=16384,
+        help="longest prompt + output the profile allows, tokens",
+    )
+    p.add_argument(
+        "--max-running",
+        type=positive_int,
+        default=256,
+        help="most requests one worker runs at once (the profile's max_running_requests)",
+    )
     p.add_argument("--quick", action="store_true", help="small grid (CPU checks, CI)")
-    p.add_argument("--repeat", type=positive_int, default=None, help="fewest runs per point")
+    p.add_argument(
+        "--repeat",
+        type=positive_int,
+        default=None,
+        help="fewest runs per point (default 5; 2 with --quick)",
+    )
     p.add_argument(
         "--min-time",
         type=non_negative_float,
@@ -91,20 +108,24 @@ def _pool_tokens(args: argparse.Namespace, bytes_per_token: int, weight_bytes: i
 
 
 def run(args: argparse.Namespace) -> int:
-    from fluidpd_sidecar.gpu.config import resolve_shape
+    from fluidpd_sidecar.gpu.config import ModelConfig
+    from fluidpd_sidecar.gpu.factory import model_config
 
     report: dict[str, Any] | None = None
     if args.from_report:
         try:
             report = json.loads(Path(args.from_report).read_text())
-            args.gpu_model = report["shape"]["name"]
+            cfg = ModelConfig.from_json(report["shape"])
             args.dtype = report["dtype"]
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise UserError(f"--from-report: cannot read a profile report: {exc}") from exc
-    try:
-        cfg = resolve_shape(args.gpu_model)
-    except ValueError as exc:
-        raise UserError(f"--gpu-model: {exc}") from exc
+    else:
+        try:
+            cfg = model_config(args.gpu_model, args.model_dir)
+        except ValueError as exc:
+            raise UserError(
+                f"{'--model-dir' if args.model_dir else '--engine-model'}: {exc}"
+            ) from None
     out = Path(args.out)
     report_path = Path(args.report) if args.report else out.with_suffix(".json")
     for path, opt in ((out, "--out"), (report_path, "--report")):
@@ -138,7 +159,7 @@ def _measure(args: argparse.Namespace, cfg: Any) -> dict[str, Any]:
             f"({args.context_limit}) once {max_batch} running requests' page rounding is kept"
         )
     opts = RunnerOptions(
-        device=args.device, dtype=args.dtype, seed=args.weight_seed, weights_dir=args.weights,
+        device=args.device, dtype=args.dtype, seed=args.weight_seed, model_dir=args.model_dir,
         kv_tokens=pool, max_context=args.context_limit, max_batch=max_batch,
     )  # fmt: skip
     grid = profiler.quick_grid() if args.quick else profiler.Grid()
@@ -169,7 +190,7 @@ def _measure(args: argparse.Namespace, cfg: Any) -> dict[str, Any]:
         "shape": cfg.to_json(),
         "dtype": args.dtype,
         "element_size": esize,
-        "weights": args.weights or f"seeded ({args.weight_seed})",
+        "weights": args.model_dir or f"seeded ({args.weight_seed})",
         "pool_tokens": pool,
         "page_size": opts.page_size,
         "context_limit": args.context_limit,

@@ -7,9 +7,12 @@ from typing import Any
 
 from fluidpd.cli.errors import UserError
 from fluidpd.cli.options import (
+    GPU_HELP,
     add_float,
+    add_model_dir_option,
     add_service_options,
     configure_logging,
+    load_model_dir_option,
     positive_int,
     serve_http,
 )
@@ -31,8 +34,8 @@ def parse_workers(items: list[str]) -> dict[str, str]:
 
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("router", help="run the OpenAI-compatible router")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=positive_int, default=8000)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=positive_int, default=8000, help="port to listen on")
     p.add_argument(
         "--worker",
         action="append",
@@ -40,10 +43,20 @@ def add_parser(sub: Any) -> None:
         metavar="ID=URL",
         help="a worker sidecar (repeat); more can be PUT to /admin/workers later",
     )
-    p.add_argument("--model", default="llama-3.1-8b", help="served model name")
-    p.add_argument("--gpu", default="a100-80gb")
+    p.add_argument(
+        "--model",
+        default="llama-3.1-8b",
+        help="served model name, and with --gpu the profile (for the context limit)",
+    )
+    p.add_argument("--gpu", default="a100-80gb", help=GPU_HELP)
     p.add_argument("--profile", default=None, help="profile YAML (for the context limit)")
-    p.add_argument("--pairing", choices=PAIRINGS, default="round-robin")
+    add_model_dir_option(p)
+    p.add_argument(
+        "--pairing",
+        choices=PAIRINGS,
+        default="round-robin",
+        help="how a prefill worker is paired with a decode worker",
+    )
     add_float(p, "--first-token-timeout", 60.0, "cancel a request without a first token after, s")
     add_float(p, "--poll", 0.5, "worker poll period, s")
     add_service_options(p, "warning")
@@ -52,12 +65,19 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
 
+    from fluidpd.modeldir.model_dir import ModelDirError
     from fluidpd.router.app import RouterConfig, create_app
+    from fluidpd.router.prompts import Prompter
 
     profile = resolve_profile(args.model, args.gpu, args.profile)
+    model = load_model_dir_option(args)
+    try:
+        prompter = Prompter(model)
+    except ModelDirError as exc:
+        raise UserError(f"--model-dir: {exc}") from None
     cfg = RouterConfig(
         model=args.model if args.profile is None else profile.model,
-        context_limit=profile.context_limit,
+        context_limit=model.context_limit(profile.context_limit),
         workers=parse_workers(args.worker),
         admin_token=args.admin_token or None,
         pairing=args.pairing,
@@ -65,5 +85,5 @@ def run(args: argparse.Namespace) -> int:
         poll_s=args.poll,
     )
     configure_logging(args.log_level, "router")
-    serve_http(create_app(cfg), args)
+    serve_http(create_app(cfg, prompter), args)
     return 0

@@ -7,13 +7,20 @@ from typing import TYPE_CHECKING, Any
 
 from fluidpd.cli.errors import UserError
 from fluidpd.cli.options import (
+    GPU_HELP,
+    MODEL_HELP,
+    PROFILE_HELP,
+    SEED_HELP,
     add_float,
     add_gpu_engine_options,
+    add_model_dir_option,
     add_service_options,
     check_gpu_devices,
     configure_logging,
+    load_model_dir_option,
     positive_int,
     serve_http,
+    steal_ratio,
 )
 from fluidpd.cli.policy_options import (
     add_fluidtoken_options,
@@ -41,41 +48,70 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--id", required=True, help="worker id, unique in the deployment")
     p.add_argument("--role", choices=[r.value for r in Role], required=True, help="initial role")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=positive_int, default=8100)
-    p.add_argument("--url", default=None, help="URL peers reach this sidecar at")
-    p.add_argument("--engine", choices=ENGINES, default="sim")
-    p.add_argument("--kv-transfer", choices=TRANSFERS, default="sim")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=positive_int, default=8100, help="port to listen on")
+    p.add_argument(
+        "--url", default=None, help="URL peers reach this sidecar at (default: http://HOST:PORT)"
+    )
+    p.add_argument(
+        "--engine",
+        choices=ENGINES,
+        default="sim",
+        help="sim: steps timed by the profile; gpu: the torch transformer",
+    )
+    p.add_argument(
+        "--kv-transfer",
+        choices=TRANSFERS,
+        default="sim",
+        help="KV hand-off: modelled time, real bytes over mooncake's TCP transport, or real "
+        "bytes through shared memory (one host)",
+    )
     p.add_argument(
         "--kv-arena-mib",
         type=positive_int,
         default=1024,
         help="mooncake/shm: registered host memory for KV hand-offs, MiB",
     )
+    add_model_dir_option(p)
     add_gpu_engine_options(p)
-    p.add_argument("--model", default="llama-3.1-8b")
-    p.add_argument("--gpu", default="a100-80gb")
-    p.add_argument("--profile", default=None, help="profile YAML (replaces --model/--gpu)")
+    p.add_argument("--model", default="llama-3.1-8b", help=MODEL_HELP)
+    p.add_argument("--gpu", default="a100-80gb", help=GPU_HELP)
+    p.add_argument("--profile", default=None, help=PROFILE_HELP)
     add_slo_options(p)
     p.add_argument("--no-fluidtoken", action="store_true", help="disable token stealing")
     add_fluidtoken_options(p)
     p.add_argument("--adaptive", action="store_true", help="recalibrate predictors online")
     add_float(p, "--noise", 0.0, "sim engine: log-normal noise sigma", allow_zero=True)
     add_float(p, "--drift", 1.0, "sim engine: true time / profile prediction")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help=SEED_HELP + " (sim engine noise)")
     add_float(p, "--bootstrap-timeout", 300.0, "give up a prefill half never reserved after, s")
+    p.add_argument(
+        "--force-steal",
+        type=steal_ratio,
+        default=None,
+        metavar="BETA",
+        help="testing: run every prompt with stealing ratio BETA in [0, 1] (the decode worker "
+        "computes its last BETA share), whatever FluidToken decides",
+    )
     add_service_options(p, "warning")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
 
+    from fluidpd.modeldir.model_dir import ModelDirError
+    from fluidpd.modeldir.text import TokenText
     from fluidpd_sidecar.app import create_app
     from fluidpd_sidecar.engine import Engine, SimEngine
     from fluidpd_sidecar.service import SidecarConfig, SidecarService
     from fluidpd_sidecar.transfer import KVTransfer, SimTransfer
 
     profile = resolve_profile(args.model, args.gpu, args.profile)
+    model = load_model_dir_option(args)
+    try:
+        text = TokenText.from_model_dir(model)
+    except ModelDirError as exc:
+        raise UserError(f"--model-dir: {exc}") from None
     slo = slo_config(args)
     token_cfg = fluidtoken_config(args, enabled=not args.no_fluidtoken)
     url = args.url or f"http://{args.host}:{args.port}"
@@ -85,10 +121,12 @@ def run(args: argparse.Namespace) -> int:
         url=url,
         profile=profile,
         slo=slo,
+        model=model,
         token_cfg=token_cfg,
         adaptive=args.adaptive,
         admin_token=args.admin_token or None,
         bootstrap_timeout_s=args.bootstrap_timeout,
+        force_steal=args.force_steal,
     )
     if args.engine == "gpu" and args.kv_transfer == "sim":
         raise UserError("--kv-transfer: the gpu engine hands off real KV; use shm or mooncake")
@@ -117,16 +155,22 @@ def run(args: argparse.Namespace) -> int:
                 args.gpu_model,
                 profile,
                 Role(args.role),
+                model_dir=args.model_dir,
                 device=args.device,
                 dtype=args.dtype,
                 seed=args.weight_seed,
-                weights_dir=args.weights,
                 staging=staging,
             )
         except (ValueError, FileNotFoundError) as exc:
-            raise UserError(f"--gpu-model/--weights: {exc}") from exc
+            if staging is not None:
+                staging.close()
+            raise UserError(
+                f"{'--model-dir' if args.model_dir else '--engine-model'}: {exc}"
+            ) from None
     else:
-        engine = SimEngine(profile, args.noise, args.drift, args.seed, staging=staging)
+        engine = SimEngine(
+            profile, text.text_ids(), args.noise, args.drift, args.seed, staging=staging
+        )
     need = engine.kv_wire_bytes(profile.context_limit)
     if staging is not None and need > staging.arena_bytes:
         # A prompt at the context limit could never be handed off (its reservation would wait
@@ -137,6 +181,6 @@ def run(args: argparse.Namespace) -> int:
             f"context limit ({profile.context_limit} tokens = {need / 2**20:.0f} MiB)"
         )
     configure_logging(args.log_level, args.id)
-    service = SidecarService(cfg, engine, transfer)
+    service = SidecarService(cfg, engine, transfer, text)
     serve_http(create_app(service), args)
     return 0

@@ -12,7 +12,16 @@ from typing import Any
 from tqdm import tqdm
 
 from fluidpd.cli.errors import UserError
-from fluidpd.cli.options import add_float, float_list, positive_float, positive_int
+from fluidpd.cli.options import (
+    GPU_HELP,
+    MODEL_HELP,
+    PROFILE_HELP,
+    SEED_HELP,
+    add_float,
+    float_list,
+    positive_float,
+    positive_int,
+)
 from fluidpd.cli.policy_options import (
     add_fluidrole_options,
     add_fluidtoken_options,
@@ -24,7 +33,7 @@ from fluidpd.cli.policy_options import (
 from fluidpd.core.pairing import PAIRINGS
 from fluidpd.profiles import resolve_profile
 from fluidpd.sim.plots import write_plots
-from fluidpd.sim.policies import AutoscaleConfig, parse_pd, parse_policies
+from fluidpd.sim.policies import POLICY_NAMES, AutoscaleConfig, parse_pd, parse_policies
 from fluidpd.sim.report import report_text, series_key, write_results
 from fluidpd.sim.runner import RunOutput, RunSpec, default_jobs, run_many
 from fluidpd.sim.simulator import SimConfig
@@ -44,9 +53,9 @@ def add_parser(sub: Any) -> None:
         ),
     )
     g = p.add_argument_group("deployment")
-    g.add_argument("--model", default="llama-3.1-8b", help="model name (default llama-3.1-8b)")
-    g.add_argument("--gpu", default="a100-80gb", help="GPU name (default a100-80gb)")
-    g.add_argument("--profile", default=None, help="profile YAML file (replaces --model/--gpu)")
+    g.add_argument("--model", default="llama-3.1-8b", help=MODEL_HELP)
+    g.add_argument("--gpu", default="a100-80gb", help=GPU_HELP)
+    g.add_argument("--profile", default=None, help=PROFILE_HELP)
     g.add_argument("--pd", default="4P4D", help="initial prefill/decode split (default 4P4D)")
     g.add_argument(
         "--pairing",
@@ -61,12 +70,23 @@ def add_parser(sub: Any) -> None:
         help=f"{', '.join(WORKLOAD_NAMES)}, or a trace CSV path; comma-separated for several "
         "(default azure-mixed)",
     )
-    w.add_argument("--rps", type=float_list, default=[20.0], help="rates, e.g. 10,20,30")
-    w.add_argument("--num-requests", type=positive_int, default=None)
-    w.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    w.add_argument(
+        "--rps", type=float_list, default=[20.0], help="request rates to sweep, e.g. 10,20,30"
+    )
+    w.add_argument(
+        "--num-requests",
+        type=positive_int,
+        default=None,
+        help="simulate the first N requests of the workload (default: all of it)",
+    )
+    w.add_argument("--seed", type=int, default=0, help=SEED_HELP)
     add_slo_options(p.add_argument_group("SLOs (seconds)"))
     r = p.add_argument_group("policies")
-    r.add_argument("--policy", default="all", help="one name, a comma list, or all (default all)")
+    r.add_argument(
+        "--policy",
+        default="all",
+        help=f"one of {', '.join(POLICY_NAMES)}, a comma list of them, or all",
+    )
     add_fluidtoken_options(r)
     add_fluidrole_options(r)
     r.add_argument(
@@ -86,7 +106,13 @@ def add_parser(sub: Any) -> None:
     add_float(e, "--timeout", 60.0, "cancel requests without a first token after this long, s")
     o = p.add_argument_group("output")
     o.add_argument("--out", default=DEFAULT_OUT, help=f"output directory (default {DEFAULT_OUT})")
-    o.add_argument("--jobs", type=positive_int, default=default_jobs())
+    o.add_argument(
+        "--jobs",
+        type=positive_int,
+        default=default_jobs(),
+        help=f"runs simulated in parallel processes (default: the CPU count, at most 4; "
+        f"{default_jobs()} here)",
+    )
     o.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     o.add_argument(
         "--timeseries-rps",
@@ -98,7 +124,7 @@ def add_parser(sub: Any) -> None:
         "--series-json",
         choices=("all", "plotted"),
         default="all",
-        help="write time-series JSON for every run, or only for the plotted rate",
+        help="write time-series JSON for every run, or only for the plotted rate (default all)",
     )
     o.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)

@@ -50,15 +50,45 @@ def add_compare_parser(sub: Any) -> None:
     p = sub.add_parser(
         "compare",
         help="compare two result sets run by run (e.g. live replay against the simulator)",
+        description="Prints, for every (workload, rps, policy) run in both directories, the "
+        "overall SLO attainment of each and their difference in percentage points, and the "
+        "mean TTFT of each.",
     )
     p.add_argument("a", metavar="DIR_A", help="first results directory (e.g. a live replay)")
     p.add_argument("b", metavar="DIR_B", help="second results directory (e.g. the simulator)")
+    p.add_argument("--label-a", default="A", help="column name for DIR_A, e.g. live")
+    p.add_argument("--label-b", default="B", help="column name for DIR_B, e.g. simulated")
     p.add_argument("--out", default=None, help="also write the comparison as JSON here")
     p.set_defaults(func=run_compare)
 
 
 _COMPARED = ("slo_attainment", "ttft_attainment", "tpot_attainment", "mean_ttft_ms", "p99_ttft_ms",
              "mean_tpot_ms", "failed")  # fmt: skip
+
+
+def _ms(value: Any) -> str:
+    return f"{value:.0f}" if isinstance(value, int | float) else "-"
+
+
+def compare_table(rows: list[dict[str, Any]], label_a: str, label_b: str) -> str:
+    """The comparison as a table whose two header lines name every column: what is measured
+    (overall SLO attainment, mean TTFT) over which result set."""
+    diff = f"{label_a}-{label_b} pp"
+    wa, wb, wd = max(len(label_a), 6), max(len(label_b), 6), max(len(diff), 8)
+    key = f"{'workload':<14} {'rps':>5} {'policy':<10}"
+    attain_w, ttft_w = wa + wb + wd + 2, wa + wb + 1
+    lines = [
+        f"{'':<{len(key)}} {'SLO attainment (%)':^{attain_w}}  {'mean TTFT (ms)':^{ttft_w}}",
+        f"{key} {label_a:>{wa}} {label_b:>{wb}} {diff:>{wd}}  {label_a:>{wa}} {label_b:>{wb}}",
+    ]
+    for row in rows:
+        a, b = row["slo_attainment"]["a"], row["slo_attainment"]["b"]
+        lines.append(
+            f"{row['workload'][:14]:<14} {row['rps']:>5g} {row['policy'][:10]:<10}"
+            f" {100 * a:>{wa}.1f} {100 * b:>{wb}.1f} {row['slo_attainment_diff_pp']:>+{wd}.1f}"
+            f"  {_ms(row['mean_ttft_ms']['a']):>{wa}} {_ms(row['mean_ttft_ms']['b']):>{wb}}"
+        )
+    return "\n".join(lines)
 
 
 def run_compare(args: argparse.Namespace) -> int:
@@ -68,8 +98,6 @@ def run_compare(args: argparse.Namespace) -> int:
     if not common:
         raise UserError("no run (workload, rps, policy) appears in both result sets")
     rows = []
-    head = f"{'workload':<14} {'rps':>5} {'policy':<10} {'attainment A':>13} {'B':>7}"
-    print(f"{head} {'A-B pp':>7}  TTFT A/B ms")
     for key in common:
         ra, rb = a[key], b[key]
         row: dict[str, Any] = {"workload": key[0], "rps": key[1], "policy": key[2]}
@@ -78,13 +106,10 @@ def run_compare(args: argparse.Namespace) -> int:
         diff = 100 * (ra["slo_attainment"] - rb["slo_attainment"])
         row["slo_attainment_diff_pp"] = round(diff, 2)
         rows.append(row)
-        print(
-            f"{key[0][:14]:<14} {key[1]:>5g} {key[2]:<10} {100 * ra['slo_attainment']:>13.1f}"
-            f" {100 * rb['slo_attainment']:>7.1f} {diff:>+7.1f}  "
-            f"{ra.get('mean_ttft_ms')}/{rb.get('mean_ttft_ms')}"
-        )
+    print(compare_table(rows, args.label_a, args.label_b))
     if args.out:
-        doc = {"a": args.a, "b": args.b, "runs": rows,
+        doc = {"a": args.a, "b": args.b, "labels": {"a": args.label_a, "b": args.label_b},
+               "runs": rows,
                "max_abs_diff_pp": max(abs(r["slo_attainment_diff_pp"]) for r in rows)}  # fmt: skip
         Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
         print(f"wrote {args.out}")

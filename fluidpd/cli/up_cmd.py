@@ -24,10 +24,17 @@ from typing import Any
 
 from fluidpd.cli.errors import UserError
 from fluidpd.cli.options import (
+    GPU_HELP,
+    MODEL_HELP,
+    PROFILE_HELP,
+    SEED_HELP,
     add_float,
     add_gpu_engine_options,
+    add_model_dir_option,
     check_gpu_devices,
+    load_model_dir_option,
     positive_int,
+    steal_ratio,
 )
 from fluidpd.cli.policy_options import (
     add_fluidrole_options,
@@ -52,13 +59,23 @@ def add_parser(sub: Any) -> None:
         "with FluidRole, the controller, as local processes on loopback. Prints the endpoint and "
         "runs until Ctrl-C or SIGTERM, then stops everything.",
     )
-    p.add_argument("--pd", default="4P4D", help="initial split (default 4P4D)")
-    p.add_argument("--policy", choices=LIVE_POLICIES, default="fluidpd")
-    p.add_argument("--model", default="llama-3.1-8b")
-    p.add_argument("--gpu", default="a100-80gb")
-    p.add_argument("--profile", default=None, help="profile YAML (replaces --model/--gpu)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=positive_int, default=8000, help="router port")
+    p.add_argument(
+        "--pd", default="4P4D", help="initial split: NP MD, e.g. 4P4D (4 prefill, 4 decode)"
+    )
+    p.add_argument(
+        "--policy",
+        choices=LIVE_POLICIES,
+        default="fluidpd",
+        help="static: fixed split; fluidtoken: decode workers steal prefill suffixes; "
+        "fluidrole: the controller switches roles; fluidpd: both",
+    )
+    p.add_argument("--model", default="llama-3.1-8b", help=MODEL_HELP)
+    p.add_argument("--gpu", default="a100-80gb", help=GPU_HELP)
+    p.add_argument("--profile", default=None, help=PROFILE_HELP)
+    p.add_argument("--host", default="127.0.0.1", help="address the router listens on")
+    p.add_argument(
+        "--port", type=positive_int, default=8000, help="port of the router (the OpenAI API)"
+    )
     p.add_argument(
         "--base-port",
         type=positive_int,
@@ -68,8 +85,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--run-dir", default=None, help="logs go here (default runs/up-<time>)")
     add_float(p, "--noise", 0.05, "sim engine: log-normal noise on step times", allow_zero=True)
     add_float(p, "--drift", 1.0, "sim engine: true time / profile prediction")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--adaptive", action="store_true")
+    p.add_argument("--seed", type=int, default=0, help=SEED_HELP + " (sim engine noise)")
+    p.add_argument(
+        "--adaptive", action="store_true", help="recalibrate the predictors online (off: paper)"
+    )
     p.add_argument(
         "--kv-transfer",
         choices=("sim", "mooncake", "shm"),
@@ -85,9 +104,28 @@ def add_parser(sub: Any) -> None:
         "every worker, or a comma-separated list, worker i on entry i mod its length, e.g. "
         "cuda:0,cuda:1,...,cuda:7 for one worker per GPU)",
     )
+    add_model_dir_option(p)
     add_gpu_engine_options(p)
-    p.add_argument("--kv-arena-mib", type=positive_int, default=1024)
-    p.add_argument("--pairing", choices=("round-robin", "least-loaded"), default="round-robin")
+    p.add_argument(
+        "--force-steal",
+        type=steal_ratio,
+        default=None,
+        metavar="BETA",
+        help="testing: every prompt runs with stealing ratio BETA in [0, 1] (the decode worker "
+        "computes its last BETA share), whatever FluidToken decides",
+    )
+    p.add_argument(
+        "--kv-arena-mib",
+        type=positive_int,
+        default=1024,
+        help="mooncake/shm: registered host memory per sidecar for KV hand-offs, MiB",
+    )
+    p.add_argument(
+        "--pairing",
+        choices=("round-robin", "least-loaded"),
+        default="round-robin",
+        help="how the router pairs a prefill with a decode worker",
+    )
     add_float(p, "--first-token-timeout", 60.0, "router: cancel without a first token after, s")
     p.add_argument(
         "--admin-token",
@@ -103,7 +141,12 @@ def add_parser(sub: Any) -> None:
         default=None,
         help="the controller serves its Prometheus metrics on this port (default: off)",
     )
-    p.add_argument("--ready-timeout", type=positive_int, default=60)
+    p.add_argument(
+        "--ready-timeout",
+        type=positive_int,
+        default=60,
+        help="give up if a component does not answer its health check within this, s",
+    )
     p.set_defaults(func=run)
 
 
@@ -168,6 +211,8 @@ def run(args: argparse.Namespace) -> int:
     n_prefill, n_decode = parse_pd(args.pd)
     profile = resolve_profile(args.model, args.gpu, args.profile)
     slo_config(args), fluidtoken_config(args), fluidrole_config(args)  # validate before starting
+    model_dir = load_model_dir_option(args)
+    dir_args = ["--model-dir", str(model_dir.path.resolve())] if args.model_dir else []
     if args.engine == "gpu" and args.kv_transfer == "sim":
         raise UserError("--kv-transfer: the gpu engine hands off real KV; use shm or mooncake")
     devices = [d.strip() for d in args.device.split(",") if d.strip()]
@@ -209,6 +254,9 @@ def run(args: argparse.Namespace) -> int:
                 "--noise", str(args.noise), "--drift", str(args.drift),
                 "--seed", str(args.seed + i),
             ]  # fmt: skip
+            argv += dir_args
+            if args.force_steal is not None:
+                argv += ["--force-steal", str(args.force_steal)]
             if not mech.fluidtoken:
                 argv.append("--no-fluidtoken")
             if args.adaptive:
@@ -216,17 +264,16 @@ def run(args: argparse.Namespace) -> int:
             argv += ["--kv-transfer", args.kv_transfer, "--kv-arena-mib", str(args.kv_arena_mib)]
             if args.engine == "gpu":
                 argv += [
-                    "--engine", "gpu", "--gpu-model", args.gpu_model,
+                    "--engine", "gpu", "--engine-model", args.gpu_model,
                     "--device", devices[i % len(devices)],
                     "--dtype", args.dtype, "--weight-seed", str(args.weight_seed),
                 ]  # fmt: skip
-                if args.weights:
-                    argv += ["--weights", args.weights]
             stack.start(wid, argv, env)
             workers.append(f"{wid}=http://{args.host}:{port}")
         router = [
             "router", "--host", args.host, "--port", str(args.port), *model_args,
             "--pairing", args.pairing, "--first-token-timeout", str(args.first_token_timeout),
+            *dir_args,
         ]  # fmt: skip
         for w in workers:
             router += ["--worker", w]

@@ -1,5 +1,9 @@
-"""Router overhead: the same small requests through the router and straight to a sidecar pair
-(the client does the router's two-halves protocol itself), interleaved in one run."""
+"""Router overhead: the same requests through the router and straight to a sidecar pair (the
+client does the router's two-halves protocol itself), interleaved in one run.
+
+Prompts are token ids (the router only checks them) or text (the router tokenizes it with the
+served model's tokenizer; the direct path sends the ids the client tokenized beforehand, so
+the difference includes tokenization)."""
 
 from __future__ import annotations
 
@@ -12,10 +16,29 @@ from typing import Any
 import aiohttp
 import orjson
 
+from fluidpd.api.sampling import SamplingParams
+from fluidpd.modeldir.embedded import resolve_model_dir
+from fluidpd.modeldir.synthetic import corpus
+from fluidpd.modeldir.text import load_tokenizer
 
-async def _via_router(session: aiohttp.ClientSession, endpoint: str, model: str, n: int) -> float:
+_SAMPLING = SamplingParams(max_new_tokens=2, temperature=0.0).model_dump()
+
+
+def drill_prompt(length: int, model_dir: str | None = None) -> tuple[str, list[int]]:
+    """A text prompt of about ``length`` tokens of the served model and its token ids."""
+    tok = load_tokenizer(resolve_model_dir(model_dir))
+    text = " ".join(corpus())
+    while len(tok.encode(text).ids) < length:
+        text += " " + text
+    text = tok.decode(tok.encode(text, add_special_tokens=False).ids[: max(1, length - 1)])
+    return text, list(tok.encode(text).ids)
+
+
+async def _via_router(
+    session: aiohttp.ClientSession, endpoint: str, model: str, prompt: str | list[int]
+) -> float:
     t0 = time.perf_counter()
-    body = {"model": model, "prompt": [5] * n, "max_tokens": 2}
+    body = {"model": model, "prompt": prompt, "max_tokens": 2, "temperature": 0}
     async with session.post(
         f"{endpoint}/v1/completions", data=orjson.dumps(body),
         headers={"content-type": "application/json"},
@@ -27,12 +50,16 @@ async def _via_router(session: aiohttp.ClientSession, endpoint: str, model: str,
 
 
 async def _direct(
-    session: aiohttp.ClientSession, prefill: str, decode: str, headers: dict[str, str], n: int
+    session: aiohttp.ClientSession,
+    prefill: str,
+    decode: str,
+    headers: dict[str, str],
+    ids: list[int],
 ) -> float:
     t0 = time.perf_counter()
     rid = random.getrandbits(62)
     arrival = time.time()
-    half = {"rid": rid, "prompt_len": n, "max_new_tokens": 2, "arrival": arrival}
+    half = {"rid": rid, "prompt_ids": ids, "sampling": _SAMPLING, "arrival": arrival}
     dec = {**half, "prefill_worker": "p", "prefill_url": prefill}
     pre = {**half, "decode_worker": "d", "decode_url": decode}
     async with session.post(
@@ -42,9 +69,13 @@ async def _direct(
             session.post(f"{prefill}/v1/internal/prefill", data=orjson.dumps(pre), headers=headers)
         )
         async for line in d.content:
-            if orjson.loads(line)["event"] == "done":
+            kind = orjson.loads(line)["event"]
+            if kind == "done":
                 await d.content.read()  # the router does the same: keep the connection
                 break
+            if kind != "token":  # the router would re-pair it; here it is an error
+                pre_task.cancel()
+                raise RuntimeError(f"decode half: {kind}")
         (await pre_task).release()
     return time.perf_counter() - t0
 
@@ -69,9 +100,15 @@ async def router_overhead(
     duration_s: float = 20.0,
     prompt_len: int = 16,
     seed: int = 0,
+    prompt_format: str = "ids",
+    model_dir: str | None = None,
 ) -> dict[str, Any]:
     """Alternates router and direct requests at ``rps`` in total (open loop)."""
     rng = random.Random(seed)
+    text, ids = drill_prompt(prompt_len, model_dir)
+    if prompt_format == "ids":
+        ids = [rng.randrange(300, 1000) for _ in range(prompt_len)]
+    prompt: str | list[int] = text if prompt_format == "text" else ids
     headers = {"content-type": "application/json"}
     if token:
         headers["Authorization"] = f"Bearer {token}"
@@ -83,9 +120,9 @@ async def router_overhead(
         nonlocal errors
         try:
             if via_router:
-                router.append(await _via_router(session, endpoint, model, prompt_len))
+                router.append(await _via_router(session, endpoint, model, prompt))
             else:
-                direct.append(await _direct(session, prefill_url, decode_url, headers, prompt_len))
+                direct.append(await _direct(session, prefill_url, decode_url, headers, ids))
         except (aiohttp.ClientError, RuntimeError, ValueError):
             errors += 1
 
@@ -111,6 +148,8 @@ async def router_overhead(
     return {
         "rps": rps,
         "duration_s": duration_s,
+        "prompt_format": prompt_format,
+        "prompt_tokens": len(ids),
         "router": r,
         "direct": d,
         "added_p50_ms": round(r["p50_ms"] - d["p50_ms"], 3),

@@ -3,9 +3,9 @@
 A trace gives only token counts, so prompts are synthesized:
 
 ``ids``
-    A list of token ids of exactly the trace's prompt length, for ``/v1/completions`` (SGLang and
-    vLLM accept ``prompt`` as a list of ints). The prompt length the server sees is therefore the
-    trace's, independent of the tokenizer.
+    A list of token ids of exactly the trace's prompt length, for ``/v1/completions`` (FluidPD,
+    SGLang and vLLM accept ``prompt`` as a list of ints). The prompt length the server sees is
+    therefore the trace's, independent of the tokenizer.
 ``text``
     N space-separated common English words (N = the trace's prompt length). Most BPE tokenizers
     encode `` word`` as one token, so the length is close to, not exactly, the trace's; chat
@@ -29,10 +29,13 @@ PromptFormat = Literal["ids", "text"]
 
 API_PATHS: dict[str, str] = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 
-# Ids well inside any modern vocabulary (Llama-2's 32K is the smallest in use) and past the
-# special and byte-fallback tokens that sit at the low end of most vocabularies.
-TOKEN_ID_LOW = 1000
-TOKEN_ID_HIGH = 30000
+# Ids of ordinary tokens in every vocabulary served: past the special and byte tokens at the
+# low end of most vocabularies (Llama-2's byte-fallback tokens end at 258, a byte-level BPE's
+# 256 base bytes come first) and below 1,000, so inside the smallest vocabulary FluidPD serves
+# (the embedded default's 1,024 ids) as well as Llama's and Qwen's. Servers check prompt ids
+# against their vocabulary, so ids beyond it would be refused.
+TOKEN_ID_LOW = 300
+TOKEN_ID_HIGH = 1000
 
 # One-token words in the common BPE vocabularies (GPT-2/Llama-3/Qwen encode " word" as one token).
 # fmt: off

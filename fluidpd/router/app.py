@@ -5,7 +5,7 @@ from __future__ import annotations
 import hmac
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
@@ -26,10 +26,12 @@ from prometheus_client import (
 from pydantic import BaseModel, Field, ValidationError
 
 from fluidpd import __version__
+from fluidpd.api.sampling import SamplingParams
 from fluidpd.core.pairing import LeastLoadedPairing, Pairing, RoundRobinPairing
-from fluidpd.router import tokenizer
 from fluidpd.router.dispatch import Dispatcher, Job, RequestFailed
 from fluidpd.router.openai_models import ChatCompletionRequest, CompletionRequest
+from fluidpd.router.prompts import Prompter, PromptError
+from fluidpd.router.responses import Api, Reply
 from fluidpd.router.workers import WorkerSet
 
 
@@ -69,6 +71,19 @@ def _error(status: int, message: str, kind: str = "invalid_request_error") -> JS
     return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status)
 
 
+def _first_error(errors: Sequence[Any]) -> str:
+    """Pydantic's first error as one line that starts with the field's name."""
+    if not errors:
+        return "invalid request"
+    first = errors[0]
+    where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+    if first.get("type") == "extra_forbidden":
+        msg = "unknown or unsupported field"
+    else:
+        msg = str(first.get("msg", "invalid")).removeprefix("Value error, ")
+    return f"{where}: {msg}" if where else msg
+
+
 class _Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -102,7 +117,9 @@ class _Metrics:
         )
 
 
-def create_app(cfg: RouterConfig) -> FastAPI:
+def create_app(cfg: RouterConfig, prompter: Prompter) -> FastAPI:
+    """``prompter``: the served model's tokenizer and chat template (loaded by the caller, so
+    a bad model directory fails at start with one line)."""
     metrics = _Metrics()
     pairing: Pairing
     workers: WorkerSet
@@ -134,6 +151,7 @@ def create_app(cfg: RouterConfig) -> FastAPI:
         yield
         await workers.stop()
         await session.close()
+        prompter.close()
 
     app = FastAPI(title="FluidPD router", version=__version__, lifespan=lifespan)
 
@@ -146,9 +164,7 @@ def create_app(cfg: RouterConfig) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
-        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
-        return _error(400, f"{where}: {first.get('msg')}" if where else str(first.get("msg")))
+        return _error(400, _first_error(exc.errors()))
 
     @app.get("/healthz", response_class=PlainTextResponse)
     async def healthz() -> str:
@@ -188,73 +204,50 @@ def create_app(cfg: RouterConfig) -> FastAPI:
         room = cfg.context_limit - prompt_len
         if room < 1:
             raise HTTPException(
-                400, f"prompt is {prompt_len} tokens; the context limit is {cfg.context_limit}"
+                400,
+                f"prompt: {prompt_len} tokens; the context limit is {cfg.context_limit}",
             )
         if max_tokens is None:
             return min(default, room)
         if max_tokens > room:
             raise HTTPException(
                 400,
-                f"max_tokens {max_tokens} + prompt {prompt_len} tokens exceed the context "
+                f"max_tokens: {max_tokens} + prompt {prompt_len} tokens exceed the context "
                 f"limit {cfg.context_limit}",
             )
         return max_tokens
 
     async def _serve(
-        api: str, prompt_len: int, max_new: int, stream: bool, usage: bool, model: str
+        api: Api,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        body: CompletionRequest | ChatCompletionRequest,
     ) -> Response:
-        job = Job(prompt_len, max_new, time.time())
+        stream = body.stream
+        usage = bool(body.stream_options and body.stream_options.include_usage)
+        job = Job(prompt_ids, sampling.model_dump(), time.time())
         dispatcher: Dispatcher = state["dispatcher"]
         rid = f"{'chatcmpl' if api == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
-        created = int(job.arrival)
-        obj = "chat.completion.chunk" if api == "chat" else "text_completion"
-
-        def chunk(text: str, finish: str | None, first: bool = False) -> bytes:
-            if api == "chat":
-                delta: dict[str, Any] = {"content": text}
-                if first:
-                    delta["role"] = "assistant"
-                choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish}
-            else:
-                choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-            body = {
-                "id": rid,
-                "object": obj,
-                "created": created,
-                "model": model,
-                "choices": [choice],
-            }
-            return b"data: " + orjson.dumps(body) + b"\n\n"
-
-        def usage_of() -> dict[str, int]:
-            return {
-                "prompt_tokens": prompt_len,
-                "completion_tokens": job.tokens,
-                "total_tokens": prompt_len + job.tokens,
-            }
-
+        reply = Reply(
+            api, rid, int(job.arrival), body.model, sampling.wants_logprobs, len(prompt_ids),
+            body.return_tokens_as_token_ids,
+        )  # fmt: skip
         metrics.inflight.inc()
         if stream:
 
             async def events() -> AsyncIterator[bytes]:
                 first = True
                 try:
-                    async for ids in dispatcher.generate(job):
-                        if first:
+                    async for event in dispatcher.generate(job):
+                        if event["ids"] and job.tokens == len(event["ids"]):
                             metrics.ttft.observe(time.time() - job.arrival)
-                        yield chunk(tokenizer.decode(ids), None, first)
-                        first = False
-                    yield chunk("", "length")
+                        line = reply.chunk(event["text"], event.get("logprobs"), None, first)
+                        if line is not None:
+                            first = False
+                            yield line
+                    yield reply.chunk("", None, job.finish_reason or "length") or b""
                     if usage:
-                        body = {
-                            "id": rid,
-                            "object": obj,
-                            "created": created,
-                            "model": model,
-                            "choices": [],
-                            "usage": usage_of(),
-                        }
-                        yield b"data: " + orjson.dumps(body) + b"\n\n"
+                        yield reply.usage_chunk(job.tokens)
                     metrics.ok[api].inc()
                 except RequestFailed as exc:
                     metrics.requests.labels(api, str(exc.status)).inc()
@@ -273,11 +266,10 @@ def create_app(cfg: RouterConfig) -> FastAPI:
 
             return StreamingResponse(events(), media_type="text/event-stream")
         try:
-            ids: list[int] = []
-            async for part in dispatcher.generate(job):
-                if not ids:
+            async for event in dispatcher.generate(job):
+                if event["ids"] and job.tokens == len(event["ids"]):
                     metrics.ttft.observe(time.time() - job.arrival)
-                ids.extend(part)
+                reply.add(event["text"], event.get("logprobs"))
         except RequestFailed as exc:
             metrics.requests.labels(api, str(exc.status)).inc()
             return _error(exc.status, exc.message, "server_error")
@@ -285,27 +277,7 @@ def create_app(cfg: RouterConfig) -> FastAPI:
             metrics.inflight.dec()
             metrics.e2e.observe(time.time() - job.arrival)
         metrics.ok[api].inc()
-        text = tokenizer.decode(ids)
-        if api == "chat":
-            choice: dict[str, Any] = {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "finish_reason": "length",
-            }
-            kind = "chat.completion"
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "length"}
-            kind = "text_completion"
-        return JSONResponse(
-            {
-                "id": rid,
-                "object": kind,
-                "created": created,
-                "model": model,
-                "choices": [choice],
-                "usage": usage_of(),
-            }
-        )
+        return JSONResponse(reply.body(job.finish_reason or "length", job.tokens))
 
     def _parse(model: type[M], raw: bytes) -> M:
         """Validates the body straight from bytes (pydantic's JSON parser), which takes a
@@ -313,11 +285,25 @@ def create_app(cfg: RouterConfig) -> FastAPI:
         try:
             return model.model_validate_json(raw)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first.get("loc", ()))
-            raise HTTPException(
-                400, f"{where}: {first['msg']}" if where else first["msg"]
-            ) from None
+            raise HTTPException(400, _first_error(exc.errors())) from None
+
+    async def _tokenized(coro: Awaitable[list[int]]) -> list[int]:
+        try:
+            return await coro
+        except PromptError as exc:
+            raise HTTPException(400, str(exc)) from None
+
+    def _sampling(body: CompletionRequest | ChatCompletionRequest, max_new: int, lp: bool,
+                  top: int) -> SamplingParams:  # fmt: skip
+        if body.stop_token_ids:
+            try:
+                prompter.check_ids(body.stop_token_ids, "stop_token_ids")
+            except PromptError as exc:
+                raise HTTPException(400, str(exc)) from None
+        try:
+            return body.sampling(max_new, lp, top)
+        except ValidationError as exc:
+            raise HTTPException(400, _first_error(exc.errors())) from None
 
     @app.post(
         "/v1/completions",
@@ -328,18 +314,23 @@ def create_app(cfg: RouterConfig) -> FastAPI:
         body = _parse(CompletionRequest, await request.body())
         prompt = body.prompt
         if isinstance(prompt, str):
-            prompt_len = len(tokenizer.encode(prompt))
-        elif all(isinstance(x, int) for x in prompt):
-            prompt_len = len(prompt)
-        elif len(prompt) == 1:
-            prompt_len = len(tokenizer.encode(str(prompt[0])))
-        else:
+            ids = await _tokenized(prompter.prompt_ids(prompt))
+        elif len(prompt) > 1 and not all(isinstance(x, int) for x in prompt):
             raise HTTPException(400, "prompt: batched prompts are not supported; send one")
-        if prompt_len < 1:
-            raise HTTPException(400, "prompt: empty after tokenization")
-        max_new = _budget(body.model, prompt_len, body.max_tokens, cfg.default_max_tokens)
-        usage = bool(body.stream_options and body.stream_options.include_usage)
-        return await _serve("completions", prompt_len, max_new, body.stream, usage, body.model)
+        elif isinstance(prompt[0], str):
+            ids = await _tokenized(prompter.prompt_ids(prompt[0]))
+        elif isinstance(prompt[0], list):
+            ids = prompt[0]
+        else:
+            ids = prompt
+        try:
+            ids = prompter.check_ids(ids)
+        except PromptError as exc:
+            raise HTTPException(400, str(exc)) from None
+        max_new = _budget(body.model, len(ids), body.max_tokens, cfg.default_max_tokens)
+        lp = body.logprobs is not None
+        sampling = _sampling(body, max_new, lp, body.logprobs or 0)
+        return await _serve("completions", ids, sampling, body)
 
     @app.post(
         "/v1/chat/completions",
@@ -348,18 +339,14 @@ def create_app(cfg: RouterConfig) -> FastAPI:
     )
     async def chat(request: Request) -> Response:
         body = _parse(ChatCompletionRequest, await request.body())
-        text = "\n".join(
-            m.content
-            if isinstance(m.content, str)
-            else " ".join(str(part.get("text", "")) for part in (m.content or []))
-            for m in body.messages
-        )
-        prompt_len = len(tokenizer.encode(text)) + 3 * len(body.messages)  # role markers
-        max_new = _budget(
-            body.model, prompt_len, body.max_completion_tokens or body.max_tokens, 256
-        )
-        usage = bool(body.stream_options and body.stream_options.include_usage)
-        return await _serve("chat", prompt_len, max_new, body.stream, usage, body.model)
+        if body.top_logprobs and not body.logprobs:
+            raise HTTPException(400, "top_logprobs: needs logprobs = true")
+        messages = [m.model_dump(exclude_none=True) for m in body.messages]
+        ids = await _tokenized(prompter.chat_prompt_ids(messages))
+        max_tokens = body.max_completion_tokens or body.max_tokens
+        max_new = _budget(body.model, len(ids), max_tokens, 256)
+        sampling = _sampling(body, max_new, body.logprobs, body.top_logprobs or 0)
+        return await _serve("chat", ids, sampling, body)
 
     @app.exception_handler(HTTPException)
     async def _http(_: Request, exc: HTTPException) -> JSONResponse:

@@ -9,12 +9,14 @@ import logging
 import random
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 import orjson
 
 from fluidpd.api.internal import MAX_RID
+from fluidpd.api.sampling import FinishReason
 from fluidpd.router.workers import WorkerInfo, WorkerSet
 
 log = logging.getLogger("fluidpd.router.dispatch")
@@ -37,13 +39,21 @@ class _Retry(Exception):
 
 @dataclass(slots=True)
 class Job:
-    prompt_len: int
-    max_new_tokens: int
+    prompt_ids: list[int]
+    #: ``SamplingParams.model_dump()``: sent with both halves.
+    sampling: dict[str, Any]
     arrival: float
     rid: int = 0
     tokens: int = 0
     attempts: int = 0
     first_token_t: float = 0.0
+    finish_reason: FinishReason | None = None
+    #: Set once per attempt: the fields both halves share.
+    _half: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_ids)
 
 
 class Dispatcher:
@@ -63,8 +73,10 @@ class Dispatcher:
         self.retries = 0
         self._aborts: set[asyncio.Future[None]] = set()
 
-    async def generate(self, job: Job) -> AsyncIterator[list[int]]:
-        """Yields the generated token ids in chunks until the request is done."""
+    async def generate(self, job: Job) -> AsyncIterator[dict[str, Any]]:
+        """Yields the decode stream's ``token`` events (``fluidpd.api.internal.DecodeEvent``
+        as parsed JSON: ids, text, logprobs) until the request is done; ``job.finish_reason``
+        is then set."""
         deadline = job.arrival + self.first_token_timeout_s
         while True:
             job.attempts += 1
@@ -80,9 +92,15 @@ class Dispatcher:
                 job.attempts -= 1
                 continue
             job.rid = random.randint(0, MAX_RID)
+            job._half = {
+                "rid": job.rid,
+                "prompt_ids": job.prompt_ids,
+                "sampling": job.sampling,
+                "arrival": job.arrival,
+            }
             try:
-                async for ids in self._attempt(job, *pair, deadline):
-                    yield ids
+                async for event in self._attempt(job, *pair, deadline):
+                    yield event
                 return
             except _Retry as why:
                 self.retries += 1
@@ -108,14 +126,7 @@ class Dispatcher:
         task.add_done_callback(self._aborts.discard)
 
     async def _open_decode(self, d: WorkerInfo, job: Job, p: WorkerInfo) -> aiohttp.ClientResponse:
-        body = {
-            "rid": job.rid,
-            "prompt_len": job.prompt_len,
-            "max_new_tokens": job.max_new_tokens,
-            "arrival": job.arrival,
-            "prefill_worker": p.worker,
-            "prefill_url": p.url,
-        }
+        body = {**job._half, "prefill_worker": p.worker, "prefill_url": p.url}
         try:
             resp = await self._post(f"{d.url}/v1/internal/decode", body)
         except aiohttp.ClientError as exc:
@@ -132,14 +143,7 @@ class Dispatcher:
 
     async def _prefill(self, p: WorkerInfo, d: WorkerInfo, job: Job) -> str:
         """The prefill half's outcome status ("done", "reroute", "cancelled", or an error)."""
-        body = {
-            "rid": job.rid,
-            "prompt_len": job.prompt_len,
-            "max_new_tokens": job.max_new_tokens,
-            "arrival": job.arrival,
-            "decode_worker": d.worker,
-            "decode_url": d.url,
-        }
+        body = {**job._half, "decode_worker": d.worker, "decode_url": d.url}
         try:
             async with await self._post(f"{p.url}/v1/internal/prefill", body) as resp:
                 if resp.status == 409:
@@ -153,7 +157,7 @@ class Dispatcher:
 
     async def _attempt(
         self, job: Job, p: WorkerInfo, d: WorkerInfo, deadline: float
-    ) -> AsyncIterator[list[int]]:
+    ) -> AsyncIterator[dict[str, Any]]:
         resp = await self._open_decode(d, job, p)
         prefill = asyncio.ensure_future(self._prefill(p, d, job))
         source = d
@@ -203,8 +207,9 @@ class Dispatcher:
                         job.tokens += len(ids)
                         if not job.first_token_t:
                             job.first_token_t = time.time()
-                        yield ids
+                    yield event
                 elif kind == "done":
+                    job.finish_reason = event.get("finish_reason") or "length"
                     # Read the stream's end so the connection goes back to the pool.
                     await resp.content.read()
                     return

@@ -68,6 +68,20 @@ def pod_ready(pod: dict[str, Any]) -> bool:
     return False
 
 
+def why_not_ready(pod: dict[str, Any]) -> str:
+    """What keeps a pod from running, as the scheduler or the kubelet reports it (e.g. an
+    unbound claim, a model directory that fails its hostPath check), or "" when nothing says."""
+    status = pod.get("status", {})
+    for c in status.get("conditions", []):
+        if c.get("type") == "PodScheduled" and c.get("status") == "False":
+            return ": ".join(x for x in (c.get("reason") or "Unschedulable", c.get("message")) if x)
+    for cs in status.get("containerStatuses", []):
+        waiting = (cs.get("state") or {}).get("waiting")
+        if waiting and waiting.get("reason"):
+            return ": ".join(x for x in (waiting["reason"], waiting.get("message")) if x)
+    return ""
+
+
 def annotation(pod: dict[str, Any], key: str) -> str | None:
     value = _meta(pod).get("annotations", {}).get(key)
     return str(value) if value is not None else None
@@ -642,7 +656,12 @@ class DeploymentController:
             not self.spec.autoscaling.enabled or target >= self.spec.autoscaling.max_workers
         )
         unreachable = [e["name"] for e in pods if e["ready"] and e["name"] not in reports]
-        not_ready = [e["name"] for e in pods if not e["ready"]]
+        live = {_meta(p)["name"]: p for p in v.live}
+        not_ready = [
+            f"{e['name']} ({why})" if (why := why_not_ready(live[e["name"]])) else e["name"]
+            for e in pods
+            if not e["ready"]
+        ]
         routers = self.routers_ready
         is_ready = (
             ready >= target

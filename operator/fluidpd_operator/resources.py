@@ -29,6 +29,8 @@ SWITCH_DRAIN = f"{GROUP}/switch-drain"
 #: Scale-in: the pod is draining to be deleted.
 RETIRE = f"{GROUP}/retire"
 PROFILE_DIR = "/etc/fluidpd/profile"
+#: Where every worker and router pod sees ``spec.model.source`` (read-only); ``--model-dir``.
+MODEL_DIR = "/mnt/models"
 TOKEN_KEY = "token"
 
 
@@ -116,6 +118,42 @@ def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
     }
 
 
+def _model_volumes(spec: DeploymentSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The pod volumes and container mounts that carry the profile ConfigMap and the model
+    directory (both read-only); the same for workers and routers."""
+    volumes: list[dict[str, Any]] = []
+    mounts: list[dict[str, Any]] = []
+    if spec.model.profile_config_map:
+        volumes.append({"name": "profile", "configMap": {"name": spec.model.profile_config_map}})
+        mounts.append({"name": "profile", "mountPath": PROFILE_DIR, "readOnly": True})
+    source = spec.model.source
+    if source is not None:
+        mount: dict[str, Any] = {"name": "model", "mountPath": MODEL_DIR, "readOnly": True}
+        if source.persistent_volume_claim is not None:
+            claim = source.persistent_volume_claim
+            volumes.append({"name": "model", "persistentVolumeClaim": {
+                "claimName": claim.claim_name, "readOnly": claim.read_only}})  # fmt: skip
+            if claim.sub_path:
+                mount["subPath"] = claim.sub_path
+        elif source.host_path is not None:
+            host = source.host_path
+            volumes.append({"name": "model", "hostPath": {"path": host.path, "type": host.type}})
+        mounts.append(mount)
+    return volumes, mounts
+
+
+def _model_args(spec: DeploymentSpec) -> list[str]:
+    """How workers and routers find the model: the mounted profile or the shipped one, and the
+    mounted model directory."""
+    if spec.model.profile_config_map:
+        args = ["--profile", f"{PROFILE_DIR}/profile.yaml"]
+    else:
+        args = ["--model", spec.model.name, "--gpu", spec.model.gpu]
+    if spec.model.source is not None:
+        args += ["--model-dir", MODEL_DIR]
+    return args
+
+
 def sidecar_args(spec: DeploymentSpec) -> list[str]:
     """The worker sidecar's command line; ``$(VAR)`` refers to the container's env."""
     port = str(spec.engine.port)
@@ -126,16 +164,14 @@ def sidecar_args(spec: DeploymentSpec) -> list[str]:
         "--port", port,
         "--url", f"http://$(POD_IP):{port}",
         "--engine", spec.engine.backend,
+        "--kv-transfer", spec.engine.transfer(),
         "--ttft-slo", str(spec.slo.ttft_seconds),
         "--tpot-slo", str(spec.slo.tpot_seconds),
         "--eta", str(spec.fluid_token.eta),
         "--token-dpi-load-high", str(spec.fluid_token.dpi_load_high),
         "--log-level", "info",
     ]  # fmt: skip
-    if spec.model.profile_config_map:
-        args += ["--profile", f"{PROFILE_DIR}/profile.yaml"]
-    else:
-        args += ["--model", spec.model.name, "--gpu", spec.model.gpu]
+    args += _model_args(spec)
     if not spec.fluid_token.enabled:
         args.append("--no-fluidtoken")
     return [*args, *spec.engine.args]
@@ -168,11 +204,10 @@ def worker_pod(
         "automountServiceAccountToken": False,
         "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "fsGroup": 10001},
     }
-    if spec.model.profile_config_map:
-        container["volumeMounts"] = [{"name": "profile", "mountPath": PROFILE_DIR}]
-        pod_spec["volumes"] = [
-            {"name": "profile", "configMap": {"name": spec.model.profile_config_map}}
-        ]
+    volumes, mounts = _model_volumes(spec)
+    if volumes:
+        container["volumeMounts"] = mounts
+        pod_spec["volumes"] = volumes
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -213,10 +248,30 @@ def router_deployment(owner: dict[str, Any], spec: DeploymentSpec, image: str) -
     args = [
         "--host", "$(POD_IP)",
         "--port", str(port),
-        "--model", spec.model.name,
-        "--gpu", spec.model.gpu,
+        *_model_args(spec),
         "--log-level", "info",
     ]  # fmt: skip
+    container: dict[str, Any] = {
+        "name": "router",
+        "image": spec.router.image or image,
+        "command": ["fluidpd", "router"],
+        "args": args,
+        "env": _common_env(name, spec),
+        "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
+        "readinessProbe": _probe("/healthz", 2, 3),
+        "livenessProbe": _probe("/healthz", 10, 6),
+        "securityContext": _CONTAINER_SECURITY,
+    }
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        "enableServiceLinks": False,
+        "automountServiceAccountToken": False,
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 10001},
+    }
+    volumes, mounts = _model_volumes(spec)
+    if volumes:
+        container["volumeMounts"] = mounts
+        pod_spec["volumes"] = volumes
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -233,24 +288,7 @@ def router_deployment(owner: dict[str, Any], spec: DeploymentSpec, image: str) -
                         "prometheus.io/path": "/metrics",
                     },
                 },
-                "spec": {
-                    "containers": [
-                        {
-                            "name": "router",
-                            "image": spec.router.image or image,
-                            "command": ["fluidpd", "router"],
-                            "args": args,
-                            "env": _common_env(name, spec),
-                            "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
-                            "readinessProbe": _probe("/healthz", 2, 3),
-                            "livenessProbe": _probe("/healthz", 10, 6),
-                            "securityContext": _CONTAINER_SECURITY,
-                        }
-                    ],
-                    "enableServiceLinks": False,
-                    "automountServiceAccountToken": False,
-                    "securityContext": {"runAsNonRoot": True, "runAsUser": 10001},
-                },
+                "spec": pod_spec,
             },
         },
     }

@@ -7,9 +7,10 @@ reads the same, and convert the spec into the core's configuration objects.
 
 from __future__ import annotations
 
+from pathlib import PurePosixPath
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from fluidpd.core.fallback import FallbackConfig
 from fluidpd.core.fluidrole import FluidRoleConfig
@@ -20,10 +21,59 @@ class _Spec(BaseModel):
     model_config = ConfigDict(populate_by_name=True, extra="ignore", frozen=True)
 
 
+def _no_backsteps(path: str, field: str) -> str:
+    if ".." in PurePosixPath(path).parts:
+        raise ValueError(f"{field} must not contain '..'")
+    return path
+
+
+class ClaimSource(_Spec):
+    """``model.source.persistentVolumeClaim``: the model directory on a claim, at ``subPath``."""
+
+    claim_name: str = Field(alias="claimName", min_length=1, max_length=253)
+    sub_path: str | None = Field(None, alias="subPath", min_length=1)
+    read_only: bool = Field(True, alias="readOnly")
+
+    @field_validator("sub_path")
+    @classmethod
+    def _relative(cls, v: str | None) -> str | None:
+        if v is not None and v.startswith("/"):
+            raise ValueError("subPath must be a relative path")
+        return None if v is None else _no_backsteps(v, "subPath")
+
+
+class HostPathSource(_Spec):
+    """``model.source.hostPath``: the model directory on the node."""
+
+    path: str = Field(min_length=1)
+    type: Literal["Directory", "DirectoryOrCreate"] = "Directory"
+
+    @field_validator("path")
+    @classmethod
+    def _absolute(cls, v: str) -> str:
+        if not v.startswith("/"):
+            raise ValueError("hostPath.path must be an absolute path")
+        return _no_backsteps(v, "hostPath.path")
+
+
+class ModelSource(_Spec):
+    """Where the model directory is; exactly one source (the CRD's CEL rule says the same)."""
+
+    persistent_volume_claim: ClaimSource | None = Field(None, alias="persistentVolumeClaim")
+    host_path: HostPathSource | None = Field(None, alias="hostPath")
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> ModelSource:
+        if (self.persistent_volume_claim is None) == (self.host_path is None):
+            raise ValueError("model.source: set exactly one of persistentVolumeClaim or hostPath")
+        return self
+
+
 class ModelSpec(_Spec):
     name: str
     gpu: str = "a100-80gb"
     profile_config_map: str | None = Field(None, alias="profileConfigMap")
+    source: ModelSource | None = None
 
 
 class EngineSpec(_Spec):
@@ -32,7 +82,24 @@ class EngineSpec(_Spec):
     image: str | None = None
     args: list[str] = Field(default_factory=list)
     port: int = 8100
+    #: None: the backend's default (``transfer()``).
+    kv_transfer: Literal["sim", "shm", "mooncake"] | None = Field(None, alias="kvTransfer")
     resources: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _real_kv_needs_real_transfer(self) -> EngineSpec:
+        if self.backend == "gpu" and self.kv_transfer == "sim":
+            raise ValueError(
+                "engine.kvTransfer: the gpu backend hands off real KV; use shm or mooncake"
+            )
+        return self
+
+    def transfer(self) -> str:
+        """The sidecar's ``--kv-transfer``: as given, else modelled time for the sim backend and
+        mooncake (real bytes between pods on any nodes) for the engines that move real KV."""
+        if self.kv_transfer is not None:
+            return self.kv_transfer
+        return "sim" if self.backend == "sim" else "mooncake"
 
 
 class SLOSpec(_Spec):

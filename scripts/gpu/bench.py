@@ -27,9 +27,9 @@ import torch
 from fluidpd.core.types import Role
 from fluidpd_sidecar.gpu.attention import decode_attention_reference, decode_attention_triton
 from fluidpd_sidecar.gpu.config import resolve_shape
-from fluidpd_sidecar.gpu.engine import GpuEngine, prompt_ids
+from fluidpd_sidecar.gpu.engine import GpuEngine
 from fluidpd_sidecar.gpu.equivalence import split_check
-from fluidpd_sidecar.gpu.profiler import prefill_flops
+from fluidpd_sidecar.gpu.profiler import bench_ids, prefill_flops
 from fluidpd_sidecar.gpu.runner import ModelRunner, RunnerOptions
 
 HBM_BYTES_PER_S = 4.8e12
@@ -115,7 +115,7 @@ def engine_bench(shape: str, report: dict[str, Any], save: Callable[[], None]) -
     # Prefill throughput: one request of n tokens, wall time with sync (the engine's path).
     pre = []
     for n in (1024, 2048, 4096, 8192):
-        ids = prompt_ids(1, 0, n, cfg.vocab)
+        ids = bench_ids(n, cfg.vocab, 1)
 
         def once(ids: list[int] = ids) -> None:
             runner.prefill(1, ids)

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from fluidpd_sidecar.gpu.config import ModelConfig, resolve_shape
-from fluidpd_sidecar.gpu.engine import prompt_ids
+from fluidpd_sidecar.gpu.profiler import bench_ids
 from fluidpd_sidecar.gpu.runner import ModelRunner, RunnerOptions
 
 
@@ -81,7 +81,7 @@ def check(shape: str, dtype: str, length: int) -> dict[str, Any]:
     opts = RunnerOptions(device="cuda", dtype=dtype, kv_tokens=length + 64, max_context=length + 16,
                          max_batch=1, cuda_graphs=False)  # fmt: skip
     runner = ModelRunner(cfg, opts)
-    ids = prompt_ids(11, 0, length, cfg.vocab)
+    ids = bench_ids(length, cfg.vocab, 11)
     ours = runner.prefill(11, ids)
     model = hf_model(cfg, runner)
     with torch.inference_mode():

@@ -10,12 +10,12 @@ set -x
 [ -n "${NO_SETUP:-}" ] || . scripts/gpu/setup.sh
 export FLUIDPD_TRACES_DIR=${FLUIDPD_TRACES_DIR:-$PWD/.gpudata/traces}
 MODEL=${MODEL:-llama-3.2-1b}
-ENGINE="--engine gpu --gpu-model $MODEL --device ${DEVICE:-cuda} --dtype ${DTYPE:-bfloat16}"
+ENGINE="--engine gpu --engine-model $MODEL --device ${DEVICE:-cuda} --dtype ${DTYPE:-bfloat16}"
 SLO="--ttft-slo 0.25 --tpot-slo 0.025"
 N=${N:-2000}
 PROFILE=${PROFILE:-profiles/llama-3.2-1b-h200.yaml}
 if [ -n "${REPROFILE:-}" ]; then
-  timeout 180 python3 -m fluidpd.cli.main profile --gpu-model llama-3.2-1b --gpu h200 \
+  timeout 180 python3 -m fluidpd.cli.main profile --engine-model llama-3.2-1b --gpu h200 \
     --kv-tokens 135168 --max-running 128 --context-limit 16384 --max-mre 1 \
     --out $OUT/llama-3.2-1b-h200.yaml --report $OUT/profile-llama-3.2-1b-h200.json 2>&1 | tail -3
   [ -s $OUT/llama-3.2-1b-h200.yaml ] && PROFILE=$OUT/llama-3.2-1b-h200.yaml

@@ -44,8 +44,8 @@ nvidia-smi -L
 if [ -n "${REPROFILE:-}" ]; then
   KV=${KV_TOKENS:+--kv-tokens $KV_TOKENS}
   NEW=$OUT/$MODEL-h200.yaml
-  log "fluidpd profile --gpu-model $MODEL --gpu h200 $KV --max-running 128 --context-limit 16384"
-  timeout 240 python3 -m fluidpd.cli.main profile --gpu-model $MODEL --gpu h200 $KV \
+  log "fluidpd profile --engine-model $MODEL --gpu h200 $KV --max-running 128 --context-limit 16384"
+  timeout 240 python3 -m fluidpd.cli.main profile --engine-model $MODEL --gpu h200 $KV \
     --max-running 128 --context-limit 16384 --out $NEW --report $OUT/profile-$MODEL-h200.json \
     > /tmp/profile.log 2>&1
   RC=$?  # 1: written, but an MRE is above 10 %
@@ -68,7 +68,7 @@ for WL in $WORKLOADS; do
     for POLICY in ${POLICIES:-static fluidpd}; do
       RUN=/tmp/paper-$WL-$RPS-$POLICY${LABEL_SUFFIX:-}
       # The gpu engine does not move KV between decode workers: D->P drains wait.
-      UP="fluidpd up --engine gpu --gpu-model $MODEL --device $DEVICES --profile $PROFILE \
+      UP="fluidpd up --engine gpu --engine-model $MODEL --device $DEVICES --profile $PROFILE \
 --kv-transfer shm --kv-arena-mib ${ARENA_MIB:-8192} --pd $PD --policy $POLICY --port 8000 \
 --run-dir $RUN --ready-timeout 300 --drain-mode wait $SLO ${UP_ARGS:-}"
       log "$UP"

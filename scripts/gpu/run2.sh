@@ -6,6 +6,6 @@ set -x
 . scripts/gpu/setup.sh
 timeout 100 python3 scripts/gpu/hf_check.py --out $OUT/hf_check.json 2>&1 | tail -30
 timeout 150 python3 scripts/gpu/bench.py --out $OUT/bench.json 2>&1 | grep "=="
-timeout 120 python3 -m fluidpd.cli.main profile --gpu-model llama-3.1-8b --gpu h200 \
+timeout 120 python3 -m fluidpd.cli.main profile --engine-model llama-3.1-8b --gpu h200 \
   --out $OUT/llama-3.1-8b-h200.yaml --report $OUT/profile-llama-3.1-8b-h200.json 2>&1 | tail -3
 NO_SETUP=1 bash scripts/gpu/live.sh "$@"

@@ -753,3 +753,92 @@ def test_attributable_ppi_excludes_decode_admission_wait() -> None:
     fresh.prefill.add(r2)
     fresh.prefill.reserved(2, now=9.5)
     assert fresh.prefill.queue_ppi(now) == fresh.prefill.attributable_ppi(now)
+
+
+# --------------------------------------------------------------------------------------------
+# Early finish (EOS, stop strings) and the forced split (a testing knob)
+# --------------------------------------------------------------------------------------------
+
+
+def test_finish_early_frees_kv_and_the_slot_at_once() -> None:
+    """A request that stops before max_new_tokens leaves the batch at this boundary; its KV
+    commitment goes back at once, the pressure signals see it, and a request waiting for KV
+    is admitted into the room."""
+    p, d = make("p", Role.PREFILL), make("d", Role.DECODE, profile(capacity=1000))
+    bus = Bus.of(p, d)
+    a, b, c = req(0, 400, 100), req(1, 400, 100), req(2, 400, 100)
+    for r in (a, b, c):
+        bus.submit(r, p, d)
+    assert [m.rid for m in bus.reserved] == [0, 1] and d.decode.dpi_adm() == pytest.approx(1.0)
+    for _ in range(2):
+        bus.run_prefill(p, 0.0)
+    bus.complete_handoffs(0.0)
+    now = bus.decode_step(d, 0.0)
+    now = bus.decode_step(d, now)
+    before = d.decode.dpi_load()
+    assert d.decode.finish_early(0, now) is True
+    bus.pump()
+    assert bus.finished[0] == now and a.finish_t == now
+    assert 0 not in d.decode.active and d.decode.context == 400 + 3  # b only
+    assert d.decode.dpi_load() < before
+    assert [m.rid for m in bus.reserved] == [0, 1, 2]  # c got a's room
+    assert d.decode.finish_early(0, now) is False  # not there any more
+    nxt = d.next_batch(now)
+    assert isinstance(nxt, DecodeBatch) and nxt.batch == 1
+    d.finish_batch(nxt, now + DT, DT)
+    bus.pump()
+    bus.drain_decode(d, now + DT)
+    assert set(bus.finished) == {0, 1} and 2 not in bus.finished  # c never had its hand-off
+
+
+def test_finish_early_of_a_request_joining_at_the_next_boundary() -> None:
+    """A first token that is EOS: the request was handed off whole and waits to join the batch;
+    it finishes without ever joining, and its KV is released."""
+    p, d = make("p", Role.PREFILL), make("d", Role.DECODE)
+    bus = Bus.of(p, d)
+    r = req(0, 100, 8)
+    bus.submit(r, p, d)
+    bus.run_prefill(p, 0.0)
+    bus.complete_handoffs(0.0)
+    assert 0 in bus.first and [x.rid for x, _ in d.decode.joining] == [0]
+    assert d.decode.finish_early(0, 0.01) is True
+    bus.pump()
+    assert bus.finished[0] == 0.01
+    assert d.next_batch(0.01) is None
+    assert_decode_empty(d)
+
+
+def test_finish_early_during_a_running_iteration_keeps_accounting() -> None:
+    p, d = make("p", Role.PREFILL), make("d", Role.DECODE)
+    bus = Bus.of(p, d)
+    for r in (req(0, 100, 6), req(1, 120, 6)):
+        bus.submit(r, p, d)
+        bus.run_prefill(p, 0.0)
+    bus.complete_handoffs(0.1)
+    now = bus.decode_step(d, 0.1)
+    running = d.next_batch(now)
+    assert isinstance(running, DecodeBatch) and running.batch == 2
+    assert d.decode.finish_early(1, now)
+    d.finish_batch(running, now + DT, DT)
+    bus.pump()
+    bus.drain_decode(d, now + DT)
+    assert set(bus.finished) == {0, 1}
+    assert_decode_empty(d)
+
+
+@pytest.mark.parametrize(("beta", "prefix"), [(0.0, 101), (0.5, 50), (1.0, 0)])
+def test_forced_steal_pins_the_split(beta: float, prefix: int) -> None:
+    """The testing knob: every request is split at p = round((1 - beta) L), whatever the
+    budgets (here none) say; beta = 1 runs the whole prompt on the decode side."""
+    p, d = make("p", Role.PREFILL), make("d", Role.DECODE)
+    p.prefill.forced_steal = beta
+    bus = Bus.of(p, d)
+    bus.submit(req(0, 101, 3), p, d)
+    b = bus.run_prefill(p, 0.0)
+    assert b is not None and b.prefix_tokens == prefix
+    assert [h.prefix_tokens for h in bus.handoffs] == [prefix]
+    assert [c.tokens for c in bus.committed] == ([101 - prefix] if prefix < 101 else [])
+    bus.complete_handoffs(0.0)
+    bus.drain_decode(d, 0.0)
+    assert 0 in bus.first and 0 in bus.finished
+    assert_decode_empty(d)

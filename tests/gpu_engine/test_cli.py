@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,7 +19,7 @@ import pytest
 from fluidpd.cli.main import main
 from fluidpd.profiles import load_profile_file
 
-TINY = ["--gpu-model", "tiny-llama", "--device", "cpu", "--dtype", "float32"]
+TINY = ["--engine-model", "tiny-llama", "--device", "cpu", "--dtype", "float32"]
 
 
 def _profile(tmp_path: Path) -> Path:
@@ -52,7 +53,7 @@ DEVICE_SIDECAR = ["sidecar", "--id", "w0", "--role", "prefill", "--engine", "gpu
 @pytest.mark.parametrize(
     ("argv", "field"),
     [
-        (["profile", "--gpu-model", "gpt-9", "--out", "x.yaml"], "--gpu-model"),
+        (["profile", "--engine-model", "gpt-9", "--out", "x.yaml"], "--engine-model"),
         (["profile", *TINY, "--kv-tokens", "100", "--out", "x.yaml"], "--kv-tokens"),
         (["profile", *TINY, "--out", "x.yaml"], "--kv-tokens"),
         (["profile", "--from-report", "missing.json", "--out", "x.yaml"], "--from-report"),
@@ -60,7 +61,7 @@ DEVICE_SIDECAR = ["sidecar", "--id", "w0", "--role", "prefill", "--engine", "gpu
         (["up", "--engine", "gpu", "--kv-transfer", "shm", "--device", ","], "--device"),
         (["up", "--engine", "gpu", "--kv-transfer", "shm", "--device", "cpu,cuda:x"],
          "--device: 'cuda:x' is not a torch device"),
-        (["profile", "--gpu-model", "tiny-llama", "--device", "mps", "--kv-tokens", "9000",
+        (["profile", "--engine-model", "tiny-llama", "--device", "mps", "--kv-tokens", "9000",
           "--out", "x.yaml"], "--device: 'mps': the gpu engine runs on cuda or cpu"),
         ([*DEVICE_SIDECAR, "--kv-transfer", "shm", "--device", "cuda:x"],
          "--device: 'cuda:x' is not a torch device"),
@@ -116,19 +117,21 @@ def test_live_stack_serves_with_the_gpu_engine(tmp_path: Path) -> None:
         [sys.executable, "-m", "fluidpd.cli.main", "up", *TINY, "--engine", "gpu",
          "--profile", str(profile), "--kv-transfer", "shm", "--kv-arena-mib", "3",
          "--device", "cpu,cpu",
-         "--pd", "1P1D", "--policy", "fluidpd", "--port", str(port), "--run-dir", str(run_dir)],
+         "--pd", "1P1D", "--policy", "fluidpd", "--port", str(port), "--run-dir", str(run_dir),
+         "--ready-timeout", "170"],  # three processes importing torch on a shared CPU
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )  # fmt: skip
     try:
-        deadline = time.time() + 120
+        deadline = time.time() + 180
         while not (run_dir / "endpoint").exists():
             assert proc.poll() is None and time.time() < deadline, "stack did not come up"
             time.sleep(0.5)
 
         def complete(n: int) -> dict[str, Any]:
             prompt = [i % 500 + 1 for i in range(n)]
-            body = {"model": "tiny-llama", "prompt": prompt, "max_tokens": 6}
+            # Sampled (temperature 1), through EOS: every request has its 6 tokens.
+            body = {"model": "tiny-llama", "prompt": prompt, "max_tokens": 6, "ignore_eos": True}
             req = urllib.request.Request(
                 f"http://127.0.0.1:{port}/v1/completions",
                 data=json.dumps(body).encode(),
@@ -155,3 +158,26 @@ def test_live_stack_serves_with_the_gpu_engine(tmp_path: Path) -> None:
         assert "Traceback" not in log.read_text(), log
     for pid_file in run_dir.glob("w*.pid"):  # the workers' shm arenas went with them
         assert not list(Path("/dev/shm").glob(f"fluidpd-kv-{pid_file.read_text().strip()}-*"))
+
+
+@pytest.mark.parametrize("damage", ["architecture", "shard"])
+def test_a_bad_model_dir_is_one_line_at_start(
+    damage: str, tiny_qwen3_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The gpu engine's checks of a model directory reach the CLI as one line naming the file."""
+    d = tmp_path / "model"
+    shutil.copytree(tiny_qwen3_dir, d)
+    if damage == "architecture":
+        cfg = json.loads((d / "config.json").read_text())
+        cfg["architectures"] = ["GPT2LMHeadModel"]
+        (d / "config.json").write_text(json.dumps(cfg))
+        says = f"--model-dir: {d / 'config.json'}: architecture GPT2LMHeadModel is not supported"
+    else:
+        shard = sorted(d.glob("model-*.safetensors"))[0]
+        shard.unlink()
+        says = f"--model-dir: {shard}: missing"
+    argv = [*DEVICE_SIDECAR, "--model-dir", str(d), "--device", "cpu", "--dtype", "float32",
+            "--kv-transfer", "shm", "--kv-arena-mib", "8"]  # fmt: skip
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(f"fluidpd: error: {says}"), err

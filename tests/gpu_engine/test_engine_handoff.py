@@ -1,5 +1,6 @@
 """The gpu engine driven the way the sidecar drives it: prefill on one engine, KV through the
-shm transport, import and decode on another; the tokens equal one-engine greedy generation."""
+shm transport, import and decode on another; the tokens equal one-engine greedy generation,
+and a request released mid-batch (an early stop) frees its KV and batch slot at once."""
 
 from __future__ import annotations
 
@@ -8,113 +9,138 @@ import asyncio
 import pytest
 import torch
 
+from fluidpd.api.sampling import SampledToken, SamplingParams
 from fluidpd.core.scheduler.decode import DecodeBatch
-from fluidpd.core.scheduler.prefill import PrefillBatch
-from fluidpd.core.types import Request, Role
-from fluidpd_sidecar.engine import kv_stamp
+from fluidpd.core.types import Role
+from fluidpd_sidecar.gpu import wire
 from fluidpd_sidecar.gpu.config import SHAPES
-from fluidpd_sidecar.gpu.engine import GpuEngine, prompt_ids
-from fluidpd_sidecar.gpu.runner import ModelRunner, RunnerOptions
-from fluidpd_sidecar.transfer_shm import ShmTransfer
+from fluidpd_sidecar.gpu.profiler import bench_ids
+from fluidpd_sidecar.gpu.runner import ModelRunner
 
-OPTS = RunnerOptions(device="cpu", dtype="float32", kv_tokens=2048, max_context=512, max_batch=8)
+from .pd import PD, Job, options, run
+
+OPTS = options(None)
 
 
-def reference(shape: str, rid: int, prompt_len: int, new: int) -> list[int]:
+def reference(shape: str, ids: list[int], new: int) -> list[int]:
     runner = ModelRunner(SHAPES[shape], OPTS)
-    ids = prompt_ids(rid, 0, prompt_len, runner.cfg.vocab)
-    out = [int(runner.prefill(rid, ids).argmax())]
+    out = [int(runner.prefill(1, ids).argmax())]
     while len(out) < new:
-        out += runner.decode([rid], [out[-1]])
+        out += runner.decode([1], [out[-1]])
     return out
 
 
-def engines(shape: str) -> tuple[GpuEngine, ShmTransfer, GpuEngine, ShmTransfer]:
-    tp, td = ShmTransfer(1 << 22), ShmTransfer(1 << 22)
-    pre = GpuEngine(ModelRunner(SHAPES[shape], OPTS), Role.PREFILL, staging=tp)
-    dec = GpuEngine(ModelRunner(SHAPES[shape], OPTS), Role.DECODE, staging=td)
-    return pre, tp, dec, td
-
-
-async def serve(shape: str, requests: list[tuple[int, int, int, int]]) -> dict[int, list[int]]:
-    """requests: (rid, prompt_len, stolen, max_new); the decode loop mimics DecodeSide."""
-    pre, tp, dec, td = engines(shape)
-    suffix: list[Request] = []
-    for rid, plen, stolen, _ in requests:
-        dest = td.reserve(dec.kv_wire_bytes(plen))
-        assert dest is not None
-        req = Request(rid, 0.0, plen, 8)
-        p = plen - stolen
-        await pre.prefill(PrefillBatch(req, p, 0.0, 0.0), None)
-        region = pre.export_kv(rid, p)
-        assert region is not None
-        await tp.send(region.addr, dest, region.nbytes)
-        pre.release(rid)
-        view = td.view(dest.addr, dest.nbytes)
-        assert bytes(view[:8]) == kv_stamp(rid)
-        dec.import_kv(rid, plen, p, view)
-        if stolen:
-            req.stolen = stolen
-            suffix.append(req)
-    out: dict[int, list[int]] = {}
-    active = len([r for r in requests if not r[2]])
-    steps = max(r[3] for r in requests) + 1
-    for _ in range(steps):
-        await dec.decode_step(DecodeBatch(active, 0, suffix, 0.0, 0.0))
-        active += len(suffix)
-        suffix = []
-    for rid, _, _, new in requests:
-        out[rid] = dec.token_ids(rid, 0, new)
-    tp.close()
-    td.close()
-    return out
+def greedy(new: int, **kw: object) -> SamplingParams:
+    return SamplingParams(max_new_tokens=new, temperature=0.0, **kw)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("shape", ["tiny-llama", "tiny-qwen3"])
 def test_split_handoff_generates_what_one_engine_generates(shape: str) -> None:
+    vocab = SHAPES[shape].vocab
+    # (rid, prompt length, stolen tokens, new tokens)
     reqs = [(11, 40, 0, 6), (12, 33, 10, 5), (13, 50, 45, 6), (14, 17, 17, 4)]
-    got = asyncio.run(serve(shape, reqs))
-    for rid, plen, _, new in reqs:
-        assert got[rid] == reference(shape, rid, plen, new), rid
+    jobs = [Job(rid, bench_ids(n, vocab, rid), greedy(new), stolen / n)
+            for rid, n, stolen, new in reqs]  # fmt: skip
+    assert [len(j.ids) - j.prefix for j in jobs] == [r[2] for r in reqs]
+    pd = PD.build(None, SHAPES[shape])
+    try:
+        got = run(pd, jobs, 6)
+    finally:
+        pd.close()
+    for job, (_, _, _, new) in zip(jobs, reqs, strict=True):
+        assert got[job.rid][:new] == reference(shape, job.ids, new), job.rid
 
 
-def test_released_request_leaves_the_batch_and_frees_pages() -> None:
-    async def go() -> tuple[int, int]:
-        pre, tp, dec, td = engines("tiny-llama")
+def test_a_release_mid_step_frees_kv_and_slot_and_spares_the_others() -> None:
+    """Three requests decode together; one is released while a step computes on it (the
+    sidecar's early stop races the engine's thread this way). The step finishes, the others'
+    tokens are those they get alone, and every page and penalty slot comes back."""
+    cfg = SHAPES["tiny-llama"]
+    prompts = [bench_ids(30 + 7 * i, cfg.vocab, i) for i in range(3)]
+    params = greedy(10, presence_penalty=0.5)
+    alone = {}
+    for i, ids in enumerate(prompts):
+        pd = PD.build(None, cfg)
+        alone[i] = run(pd, [Job(i, ids, params, 0.5)], 10)[i]
+        pd.close()
+
+    async def go() -> tuple[PD, dict[int, list[int]], int]:
+        pd = PD.build(None, cfg)
+        dec = pd.dec
         free0 = dec.runner.cache.free_pages
-        dest = td.reserve(dec.kv_wire_bytes(20))
-        assert dest is not None
-        await pre.prefill(PrefillBatch(Request(5, 0.0, 20, 4), 20, 0.0, 0.0), None)
-        region = pre.export_kv(5, 20)
-        assert region is not None
-        await tp.send(region.addr, dest, region.nbytes)
-        dec.import_kv(5, 20, 20, td.view(dest.addr, dest.nbytes))
-        await dec.decode_step(DecodeBatch(1, 20, [], 0.0, 0.0))
-        dec.release(5)
+        suffix = [await pd.hand_off(Job(i, ids, params, 0.5)) for i, ids in enumerate(prompts)]
+        await dec.decode_step(DecodeBatch(0, 0, [r for r in suffix if r], 0.0, 0.0))
+        for _ in range(3):
+            await dec.decode_step(DecodeBatch(3, 0, [], 0.0, 0.0))
+        step = asyncio.ensure_future(dec.decode_step(DecodeBatch(3, 0, [], 0.0, 0.0)))
+        await asyncio.sleep(0)  # the step is on the engine thread now
+        dec.release(1)
+        await step
+        assert 1 not in dec._running and not dec.outputs(1, 0, 10)
+        while len(dec.outputs(0, 0, 10)) < 10 or len(dec.outputs(2, 0, 10)) < 10:
+            await dec.decode_step(DecodeBatch(2, 0, [], 0.0, 0.0))
+        got = {r: [t.id for t in dec.outputs(r, 0, 10)] for r in (0, 2)}
+        assert sorted(dec.sampler.penalties.slots) == [0, 2]
+        dec.release(0)
+        dec.release(2)
         await dec.decode_step(DecodeBatch(0, 0, [], 0.0, 0.0))
-        return free0, dec.runner.cache.free_pages
+        return pd, got, free0
 
-    before, after = asyncio.run(go())
-    assert before == after
+    pd, got, free0 = asyncio.run(go())
+    try:
+        assert got == {0: alone[0], 2: alone[2]}
+        assert pd.dec.runner.cache.free_pages == free0
+        assert not pd.dec.runner.cache.tables and not pd.dec.sampler.penalties.slots
+    finally:
+        pd.close()
 
 
-def test_import_rejects_kv_of_the_wrong_shape() -> None:
-    _, tp, dec, _ = engines("tiny-llama")
-    region = tp.source_buffer(4096)
-    assert region is not None
-    view = tp.view(region.addr, 4096)
-    view[:] = bytes(4096)
-    with pytest.raises(ValueError, match="expected"):
-        dec.import_kv(9, 30, 30, view)
+def test_admit_refuses_ids_outside_the_vocabulary() -> None:
+    pd = PD.build(None, SHAPES["tiny-llama"])
+    try:
+        with pytest.raises(ValueError, match="token id 512 outside the vocabulary"):
+            pd.dec.admit(1, [1, 2, 512], greedy(3))
+        with pytest.raises(ValueError, match="not admitted"):
+            pd.dec.import_kv(2, 0, None, None)
+    finally:
+        pd.close()
+
+
+def test_import_rejects_kv_of_the_wrong_shape_and_a_missing_first_token() -> None:
+    cfg = SHAPES["tiny-llama"]
+    pd = PD.build(None, cfg)
+    try:
+        n = pd.dec.kv_wire_bytes(30)
+        region = pd.tp.source_buffer(n)
+        assert region is not None
+        view = pd.tp.view(region.addr, n)
+        view[:] = bytes(n)
+        pd.dec.admit(9, list(range(1, 31)), greedy(4))
+        with pytest.raises(ValueError, match="expected"):
+            pd.dec.import_kv(9, 30, view, None)
+        with pytest.raises(ValueError, match="30 KV tokens announced, no bytes"):
+            pd.dec.import_kv(9, 30, None, None)
+        kv = torch.zeros(cfg.layers, 2, 30, cfg.kv_heads, cfg.head_dim)
+        wire.write(view, 9, 5, kv)
+        with pytest.raises(ValueError, match="whole prompt handed off without a first token"):
+            pd.dec.import_kv(9, 30, view, None)
+        with pytest.raises(ValueError, match="first token 6 announced, 5 in the KV"):
+            pd.dec.import_kv(9, 30, view, SampledToken(6))
+    finally:
+        pd.close()
 
 
 def test_role_switch_keeps_weights_in_place() -> None:
-    pre, _, _, _ = engines("tiny-qwen3")
-    before = pre.runner.weights.pointers()
-    asyncio.run(pre.switch_role(Role.DECODE))
-    asyncio.run(pre.switch_role(Role.PREFILL))
-    assert pre.runner.weights.pointers() == before
-    assert [s["weights_unmoved"] for s in pre.stats.switches] == [True, True]
-    assert torch.equal(
-        pre.runner.weights.embed, ModelRunner(SHAPES["tiny-qwen3"], OPTS).weights.embed
-    )
+    pd = PD.build(None, SHAPES["tiny-qwen3"])
+    pre = pd.pre
+    try:
+        before = pre.runner.weights.pointers()
+        asyncio.run(pre.switch_role(Role.DECODE))
+        asyncio.run(pre.switch_role(Role.PREFILL))
+        assert pre.runner.weights.pointers() == before
+        assert [s["weights_unmoved"] for s in pre.stats.switches] == [True, True]
+        assert torch.equal(
+            pre.runner.weights.embed, ModelRunner(SHAPES["tiny-qwen3"], OPTS).weights.embed
+        )
+    finally:
+        pd.close()

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fluidpd_sidecar.gpu.config import SHAPES, resolve_shape
-from fluidpd_sidecar.gpu.engine import prompt_ids
+from fluidpd_sidecar.gpu.profiler import bench_ids
 from fluidpd_sidecar.gpu.runner import ModelRunner, RunnerOptions
 
 OPTS = RunnerOptions(device="cpu", dtype="float32", kv_tokens=1024, max_context=256, max_batch=4)
@@ -42,23 +42,8 @@ def _save_hf(runner: ModelRunner, path: Path) -> None:
             sd[p + "self_attn.q_norm.weight"] = lw.q_norm
             sd[p + "self_attn.k_norm.weight"] = lw.k_norm
     save_file({k: v.contiguous().clone() for k, v in sd.items()}, str(path / "model.safetensors"))
-    hf = {
-        "architectures": ["Qwen3ForCausalLM" if cfg.qk_norm else "LlamaForCausalLM"],
-        "hidden_size": cfg.hidden, "num_hidden_layers": cfg.layers,
-        "num_attention_heads": cfg.heads, "num_key_value_heads": cfg.kv_heads,
-        "head_dim": cfg.head_dim, "intermediate_size": cfg.intermediate,
-        "vocab_size": cfg.vocab, "rope_theta": cfg.rope_theta, "rms_norm_eps": cfg.rms_eps,
-        "tie_word_embeddings": cfg.tie_embeddings, "max_position_embeddings": cfg.max_position,
-    }  # fmt: skip
-    if cfg.rope_scaling is not None:
-        rs = cfg.rope_scaling
-        hf["rope_scaling"] = {
-            "rope_type": "llama3",
-            "factor": rs.factor,
-            "low_freq_factor": rs.low_freq_factor,
-            "high_freq_factor": rs.high_freq_factor,
-            "original_max_position_embeddings": rs.original_max_position,
-        }
+    hf = {"architectures": ["Qwen3ForCausalLM" if cfg.qk_norm else "LlamaForCausalLM"],
+          **cfg.to_hf_config()}  # fmt: skip
     (path / "config.json").write_text(json.dumps(hf))
 
 
@@ -80,6 +65,6 @@ def test_safetensors_directory_loads_the_same_model(shape: str, tmp_path: Path) 
     assert (cfg.layers, cfg.kv_heads, cfg.qk_norm, cfg.rope_scaling) == (
         seeded.cfg.layers, seeded.cfg.kv_heads, seeded.cfg.qk_norm, seeded.cfg.rope_scaling,
     )  # fmt: skip
-    loaded = ModelRunner(cfg, replace(OPTS, weights_dir=str(tmp_path), seed=99))
-    ids = prompt_ids(3, 0, 50, cfg.vocab)
+    loaded = ModelRunner(cfg, replace(OPTS, model_dir=str(tmp_path), seed=99))
+    ids = bench_ids(50, cfg.vocab, 3)
     assert torch.allclose(seeded.prefill(1, ids), loaded.prefill(1, ids), atol=1e-5)

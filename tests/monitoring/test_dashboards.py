@@ -1,10 +1,12 @@
 """The Grafana dashboards and the PrometheusRule, checked against real Prometheus.
 
-Debian's ``prometheus`` scrapes a live ``fluidpd up`` stack (2P2D, the fluidpd policy, the
-controller serving its metrics) every second while open-loop load flows and two role switches
-are forced; then every panel query, every template variable query, the role-switch annotation
-and every rule of the chart's PrometheusRule are evaluated through Prometheus' HTTP API with the
-dashboard variables set to the live values. Each must evaluate without error and return data.
+Prometheus (built from the Go module proxy with the test plane's binaries and run as a child
+process of this test: nothing is installed or left running) scrapes a live ``fluidpd up`` stack
+(2P2D, the fluidpd policy, the controller serving its metrics) every second while open-loop
+load flows and two role switches are forced; then every panel query, every template variable
+query, the role-switch annotation and every rule of the chart's PrometheusRule are evaluated
+through Prometheus' HTTP API with the dashboard variables set to the live values. Each must
+evaluate without error and return data; promtool must accept the rules.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ import asyncio
 import json
 import math
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -32,6 +33,7 @@ import yaml
 from fluidpd.drills.load import OpenLoopLoad
 from fluidpd.drills.stack import LocalStack, free_port_block, wait_http
 from fluidpd.drills.switches import switch_once
+from harness.binaries import ensure_binaries
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "fluidpd"
@@ -54,7 +56,8 @@ class Live:
     t_eval: float
     workers: list[str]
     rules: list[dict[str, Any]]
-    rules_file: Path | None
+    rules_file: Path
+    promtool: Path
     completed: int
     switches: list[dict[str, Any]]
 
@@ -106,10 +109,8 @@ def _wait_scraping(prom: str, targets: int, timeout: float = 60.0) -> None:
     raise TimeoutError(f"Prometheus did not scrape all {targets} targets in {timeout:g} s")
 
 
-def _rendered_rules(helm: str | None, tmp: Path) -> tuple[list[dict[str, Any]], Path | None]:
-    """The chart's PrometheusRule groups, as a Prometheus rules file (needs helm)."""
-    if helm is None:
-        return [], None
+def _rendered_rules(helm: Path, tmp: Path) -> tuple[list[dict[str, Any]], Path]:
+    """The chart's PrometheusRule groups, as a Prometheus rules file."""
     out = subprocess.run(
         [
             helm, "template", "rel", str(CHART), "--api-versions", "monitoring.coreos.com/v1",
@@ -139,12 +140,11 @@ async def _drive(stack: LocalStack) -> tuple[int, list[dict[str, Any]]]:
 
 
 @pytest.fixture(scope="module")
-def live(tmp_path_factory: pytest.TempPathFactory, helm_or_none: str | None) -> Iterator[Live]:
-    prometheus = shutil.which("prometheus")
-    if prometheus is None:
-        pytest.skip("no prometheus binary: scripts/install-system-deps.sh installs Debian's")
+def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
+    # prometheus, promtool and helm: built once by e2e/testplane/build-binaries.sh (cached).
+    bin_dir = ensure_binaries()
     tmp = tmp_path_factory.mktemp("monitoring")
-    rules, rules_file = _rendered_rules(helm_or_none, tmp)
+    rules, rules_file = _rendered_rules(bin_dir / "helm", tmp)
     ctl_port = free_port_block(1)
     with LocalStack(
         tmp / "up",
@@ -161,7 +161,7 @@ def live(tmp_path_factory: pytest.TempPathFactory, helm_or_none: str | None) -> 
 
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "rule_files": [str(rules_file)] if rules_file else [],
+            "rule_files": [str(rules_file)],
             "scrape_configs": [
                 {
                     "job_name": "worker",
@@ -186,7 +186,7 @@ def live(tmp_path_factory: pytest.TempPathFactory, helm_or_none: str | None) -> 
         log = (tmp / "prometheus.log").open("wb")
         proc = subprocess.Popen(
             [
-                prometheus,
+                str(bin_dir / "prometheus"),
                 f"--config.file={tmp / 'prometheus.yml'}",
                 f"--storage.tsdb.path={tmp / 'data'}",
                 f"--web.listen-address=127.0.0.1:{port}",
@@ -210,6 +210,7 @@ def live(tmp_path_factory: pytest.TempPathFactory, helm_or_none: str | None) -> 
                 sorted(stack.workers),
                 rules,
                 rules_file,
+                bin_dir / "promtool",
                 completed,
                 switches,
             )
@@ -333,8 +334,6 @@ def test_slo_counters_count_every_completed_request(live: Live) -> None:
 
 @pytest.mark.slow
 def test_every_rule_evaluates_and_every_recording_has_data(live: Live) -> None:
-    if live.rules_file is None:
-        pytest.skip("no helm binary to render the PrometheusRule")
     rules = [r for g in live.rules for r in g["rules"]]
     assert rules
     problems = []
@@ -360,11 +359,8 @@ def test_every_rule_evaluates_and_every_recording_has_data(live: Live) -> None:
 
 @pytest.mark.slow
 def test_promtool_accepts_the_rules(live: Live) -> None:
-    promtool = shutil.which("promtool")
-    if promtool is None or live.rules_file is None:
-        pytest.skip("needs promtool and helm")
     proc = subprocess.run(
-        [promtool, "check", "rules", str(live.rules_file)],
+        [str(live.promtool), "check", "rules", str(live.rules_file)],
         check=False,
         capture_output=True,
         text=True,

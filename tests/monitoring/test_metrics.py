@@ -24,7 +24,7 @@ def _finish(
 ) -> None:
     req = Request(rid=1, arrival=arrival, prompt_len=64, max_new_tokens=tokens)
     req.first_token_t = arrival + ttft
-    m.finished(req, req.first_token_t + tpot * (tokens - 1))
+    m.finished(req, req.first_token_t + tpot * (tokens - 1), tokens)
 
 
 def _count(registry: CollectorRegistry, slo: str, outcome: str) -> float:

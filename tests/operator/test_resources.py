@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from fluidpd.core.types import DrainMode, Role
 from fluidpd_operator import resources as res
-from fluidpd_operator.deployment import next_names, roles_for_new_pods
+from fluidpd_operator.deployment import next_names, roles_for_new_pods, why_not_ready
 from fluidpd_operator.spec import DeploymentSpec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,13 +26,40 @@ def spec(**overrides: Any) -> DeploymentSpec:
     return DeploymentSpec.model_validate({"model": {"name": "llama-3.1-8b"}, **overrides})
 
 
+def _example_documents() -> dict[str, list[dict[str, Any]]]:
+    """Every example file's documents (FluidPDDeployments and what they need, e.g. a claim)."""
+    return {
+        path.name: [d for d in yaml.safe_load_all(path.read_text()) if d]
+        for path in sorted((ROOT / "examples").glob("*.yaml"))
+    }
+
+
 def test_examples_parse_and_convert() -> None:
-    for path in sorted((ROOT / "examples").glob("*.yaml")):
-        doc = yaml.safe_load(path.read_text())
-        s = DeploymentSpec.model_validate(doc["spec"])
+    examples = _example_documents()
+    assert examples
+    for name, docs in examples.items():
+        deployments = [d for d in docs if d["kind"] == "FluidPDDeployment"]
+        assert len(deployments) == 1, name
+        s = DeploymentSpec.model_validate(deployments[0]["spec"])
         cfg = s.fluidrole_config()
         assert cfg.min_prefill == s.min_prefill and cfg.min_decode == s.min_decode
         s.fallback_config()
+
+
+def test_gpu_example_serves_a_model_directory_from_its_claim() -> None:
+    docs = {d["kind"]: d for d in _example_documents()["gpu-h200.yaml"]}
+    s = DeploymentSpec.model_validate(docs["FluidPDDeployment"]["spec"])
+    assert s.engine.backend == "gpu"
+    assert s.model.source is not None and s.model.source.persistent_volume_claim is not None
+    claim = docs["PersistentVolumeClaim"]
+    assert s.model.source.persistent_volume_claim.claim_name == claim["metadata"]["name"]
+    # Statically provisioned: the claim asks for the example's own PV by name.
+    assert claim["spec"]["volumeName"] == docs["PersistentVolume"]["metadata"]["name"]
+    assert "ReadOnlyMany" in claim["spec"]["accessModes"]
+    pod = res.worker_pod(OWNER, s, "llm-worker-0", Role.PREFILL, "img:1")
+    args = pod["spec"]["containers"][0]["args"]
+    assert args[args.index("--model-dir") + 1] == res.MODEL_DIR
+    assert args[args.index("--kv-transfer") + 1] == "mooncake"
 
 
 def test_spec_defaults_mirror_the_crd() -> None:
@@ -49,6 +76,19 @@ def test_spec_defaults_mirror_the_crd() -> None:
     assert s.fluid_role.drain_mode.value == role_props["drainMode"]["default"]
     scale = props["autoscaling"]["properties"]
     assert s.autoscaling.max_workers == scale["maxWorkers"]["default"]
+    source = props["model"]["properties"]["source"]["properties"]
+    on_claim = spec(model={"name": "m", "source": {"persistentVolumeClaim": {"claimName": "c"}}})
+    on_host = spec(model={"name": "m", "source": {"hostPath": {"path": "/m"}}})
+    assert on_claim.model.source and on_claim.model.source.persistent_volume_claim
+    assert on_host.model.source and on_host.model.source.host_path
+    claim_props = source["persistentVolumeClaim"]["properties"]
+    assert (
+        on_claim.model.source.persistent_volume_claim.read_only
+        is claim_props["readOnly"]["default"]
+    )
+    host_type = source["hostPath"]["properties"]["type"]
+    assert on_host.model.source.host_path.type == host_type["default"]
+    assert set(host_type["enum"]) == {"Directory", "DirectoryOrCreate"}
 
 
 def test_spec_converts_to_core_config() -> None:
@@ -160,3 +200,112 @@ def test_operator_cli_bad_input_is_one_line(
     assert main(["operator", *argv]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and field in err, err
+
+
+def _by_name(items: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {item["name"]: item for item in items}
+
+
+def _worker_and_router(s: DeploymentSpec) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """(pod spec, its one container) of a worker pod and of the router's pod template."""
+    worker = res.worker_pod(OWNER, s, "llm-worker-0", Role.PREFILL, "img:1")["spec"]
+    router = res.router_deployment(OWNER, s, "r:1")["spec"]["template"]["spec"]
+    return [(worker, worker["containers"][0]), (router, router["containers"][0])]
+
+
+def test_model_on_a_claim_is_mounted_read_only_into_workers_and_routers() -> None:
+    s = spec(model={"name": "m", "source": {"persistentVolumeClaim": {
+        "claimName": "weights", "subPath": "llama/8b"}}})  # fmt: skip
+    for pod_spec, container in _worker_and_router(s):
+        assert pod_spec["volumes"] == [
+            {"name": "model", "persistentVolumeClaim": {"claimName": "weights", "readOnly": True}}
+        ]
+        assert container["volumeMounts"] == [
+            {"name": "model", "mountPath": res.MODEL_DIR, "readOnly": True, "subPath": "llama/8b"}
+        ]
+        args = container["args"]
+        assert args[args.index("--model-dir") + 1] == res.MODEL_DIR == "/mnt/models"
+        # The served name and the profile still come from spec.model.
+        assert args[args.index("--model") + 1] == "m"
+
+
+def test_model_on_a_host_path_with_a_profile_config_map() -> None:
+    s = spec(model={"name": "m", "profileConfigMap": "prof", "source": {"hostPath": {
+        "path": "/data/models/tiny"}}})  # fmt: skip
+    for pod_spec, container in _worker_and_router(s):
+        volumes = _by_name(pod_spec["volumes"])
+        assert volumes["model"]["hostPath"] == {"path": "/data/models/tiny", "type": "Directory"}
+        assert volumes["profile"]["configMap"] == {"name": "prof"}
+        mounts = _by_name(container["volumeMounts"])
+        assert mounts["model"] == {"name": "model", "mountPath": res.MODEL_DIR, "readOnly": True}
+        assert mounts["profile"]["mountPath"] == res.PROFILE_DIR and mounts["profile"]["readOnly"]
+        args = container["args"]
+        # The router reads the same profile as the workers (its context limit, its name).
+        assert args[args.index("--profile") + 1] == f"{res.PROFILE_DIR}/profile.yaml"
+        assert args[args.index("--model-dir") + 1] == res.MODEL_DIR
+        assert "--model" not in args
+
+
+def test_no_model_source_means_no_model_volume_and_no_model_dir() -> None:
+    for pod_spec, container in _worker_and_router(spec()):
+        assert "volumes" not in pod_spec and "volumeMounts" not in container
+        assert "--model-dir" not in container["args"]
+
+
+def test_claim_read_only_can_be_turned_off_but_the_mount_stays_read_only() -> None:
+    s = spec(model={"name": "m", "source": {"persistentVolumeClaim": {
+        "claimName": "w", "readOnly": False}}})  # fmt: skip
+    for pod_spec, container in _worker_and_router(s):
+        assert pod_spec["volumes"][0]["persistentVolumeClaim"]["readOnly"] is False
+        assert container["volumeMounts"][0]["readOnly"] is True
+        assert "subPath" not in container["volumeMounts"][0]
+
+
+@pytest.mark.parametrize(
+    ("source", "message"),
+    [
+        ({}, "exactly one of persistentVolumeClaim or hostPath"),
+        ({"hostPath": {"path": "/m"}, "persistentVolumeClaim": {"claimName": "w"}},
+         "exactly one of persistentVolumeClaim or hostPath"),
+        ({"hostPath": {"path": "models/m"}}, "absolute path"),
+        ({"hostPath": {"path": "/models/../etc"}}, "'..'"),
+        ({"hostPath": {"path": "/m", "type": "File"}}, "hostPath.type"),
+        ({"persistentVolumeClaim": {"claimName": ""}}, "claimName"),
+        ({"persistentVolumeClaim": {"claimName": "w", "subPath": "/abs"}}, "relative path"),
+        ({"persistentVolumeClaim": {"claimName": "w", "subPath": "a/../../b"}}, "'..'"),
+    ],
+)  # fmt: skip
+def test_bad_model_source_is_a_validation_error(source: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValidationError) as err:
+        spec(model={"name": "m", "source": source})
+    assert message in str(err.value), err.value
+
+
+def test_kv_transfer_follows_the_backend_unless_given() -> None:
+    def transfer(engine: dict[str, Any]) -> str:
+        c = res.worker_pod(OWNER, spec(engine=engine), "w-0", Role.DECODE, "i")["spec"]
+        args = c["containers"][0]["args"]
+        return str(args[args.index("--kv-transfer") + 1])
+
+    assert transfer({}) == "sim"
+    # Real KV between pods that may sit on different nodes: mooncake's TCP transport.
+    assert transfer({"backend": "gpu"}) == "mooncake"
+    assert transfer({"backend": "gpu", "kvTransfer": "shm"}) == "shm"
+    with pytest.raises(ValidationError, match="use shm or mooncake"):
+        spec(engine={"backend": "gpu", "kvTransfer": "sim"})
+
+
+def test_why_not_ready_names_the_scheduler_or_kubelet_reason() -> None:
+    unbound = {"status": {"phase": "Pending", "conditions": [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+         "message": "0/1 nodes are available: pod has unbound immediate PersistentVolumeClaims."}
+    ]}}  # fmt: skip
+    assert why_not_ready(unbound) == (
+        "Unschedulable: 0/1 nodes are available: pod has unbound immediate PersistentVolumeClaims."
+    )
+    creating = {"status": {"conditions": [{"type": "PodScheduled", "status": "True"}],
+                           "containerStatuses": [{"state": {"waiting": {
+                               "reason": "ContainerCreating"}}}]}}  # fmt: skip
+    assert why_not_ready(creating) == "ContainerCreating"
+    running = {"status": {"containerStatuses": [{"state": {"running": {}}}]}}
+    assert why_not_ready(running) == "" and why_not_ready({}) == ""

@@ -1,4 +1,5 @@
-"""The official openai client against the router of a real local deployment."""
+"""The official openai client against the router of a real local deployment (sim engine, the
+embedded default tokenizer: counts and texts are the real tokenizer's)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,14 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fluidpd.cli.drill_cmd import FAST_PROFILE
+from fluidpd.modeldir.embedded import EMBEDDED_DIR
+
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def tok() -> Any:
+    return transformers.AutoTokenizer.from_pretrained(str(EMBEDDED_DIR))
 
 
 @pytest.fixture(scope="module")
@@ -24,21 +33,25 @@ def test_models(client: openai.OpenAI) -> None:
     assert [m.id for m in client.models.list()] == ["llama-3.1-8b"]
 
 
-def test_completions(client: openai.OpenAI) -> None:
-    r = client.completions.create(model="llama-3.1-8b", prompt="the quick brown fox", max_tokens=7)
+def test_completions(client: openai.OpenAI, tok: Any) -> None:
+    prompt = "the quick brown fox 😀 東京"
+    r = client.completions.create(model="llama-3.1-8b", prompt=prompt, max_tokens=7)
     assert r.choices[0].finish_reason == "length"
-    assert r.usage is not None and r.usage.completion_tokens == 7 and r.usage.prompt_tokens == 4
-    assert len(r.choices[0].text.split()) == 7
+    assert r.usage is not None and r.usage.completion_tokens == 7
+    assert r.usage.prompt_tokens == len(tok(prompt)["input_ids"])
+    assert r.choices[0].text  # the sim engine's tokens are real vocabulary, decoded
     # Token ids as the prompt (what benchmark clients send).
     r = client.completions.create(model="llama-3.1-8b", prompt=list(range(300)), max_tokens=2)
     assert r.usage is not None and r.usage.prompt_tokens == 300
 
 
 def test_completions_stream(client: openai.OpenAI) -> None:
+    kwargs: dict[str, Any] = {"model": "llama-3.1-8b", "prompt": "hello", "max_tokens": 12,
+                              "temperature": 0}  # fmt: skip
+    whole = client.completions.create(**kwargs).choices[0].text
     stream = client.completions.create(
-        model="llama-3.1-8b", prompt="hello", max_tokens=12, stream=True,
-        stream_options={"include_usage": True},
-    )  # fmt: skip
+        **kwargs, stream=True, stream_options={"include_usage": True}
+    )
     text, usage, finish = "", None, None
     for chunk in stream:
         if chunk.choices:
@@ -46,25 +59,28 @@ def test_completions_stream(client: openai.OpenAI) -> None:
             finish = chunk.choices[0].finish_reason or finish
         if chunk.usage:
             usage = chunk.usage
-    assert len(text.split()) == 12 and finish == "length"
+    assert text == whole and finish == "length"  # greedy: the same tokens both times
     assert usage is not None and usage.completion_tokens == 12
 
 
-def test_chat(client: openai.OpenAI) -> None:
-    r = client.chat.completions.create(
-        model="llama-3.1-8b", messages=[{"role": "user", "content": "hi there"}], max_tokens=5
-    )
-    assert r.choices[0].message.role == "assistant"
-    assert len((r.choices[0].message.content or "").split()) == 5
+def test_chat(client: openai.OpenAI, tok: Any) -> None:
+    messages: list[Any] = [{"role": "user", "content": "hi there"}]
+    r = client.chat.completions.create(model="llama-3.1-8b", messages=messages, max_tokens=5)
+    assert r.choices[0].message.role == "assistant" and r.choices[0].message.content
+    assert r.usage is not None and r.usage.completion_tokens == 5
+    ids = tok.apply_chat_template(messages, add_generation_prompt=True)["input_ids"]
+    assert r.usage.prompt_tokens == len(ids)
 
 
 def test_chat_stream(client: openai.OpenAI) -> None:
-    stream = client.chat.completions.create(
-        model="llama-3.1-8b", messages=[{"role": "user", "content": "count"}], max_tokens=9,
-        stream=True,
-    )  # fmt: skip
-    parts = [c.choices[0].delta.content or "" for c in stream if c.choices]
-    assert len("".join(parts).split()) == 9
+    kwargs: dict[str, Any] = {"model": "llama-3.1-8b", "max_tokens": 9, "temperature": 0,
+                              "messages": [{"role": "user", "content": "count"}]}  # fmt: skip
+    whole = client.chat.completions.create(**kwargs).choices[0].message.content
+    stream = client.chat.completions.create(**kwargs, stream=True)
+    chunks = [c for c in stream if c.choices]
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == whole
+    assert chunks[-1].choices[0].finish_reason == "length"
 
 
 def test_errors_are_4xx_with_messages(client: openai.OpenAI) -> None:
@@ -74,6 +90,8 @@ def test_errors_are_4xx_with_messages(client: openai.OpenAI) -> None:
         client.completions.create(model="llama-3.1-8b", prompt="x", max_tokens=10**7)
     with pytest.raises(openai.BadRequestError, match="max_tokens"):
         client.completions.create(model="llama-3.1-8b", prompt="x", max_tokens=-3)
+    with pytest.raises(openai.BadRequestError, match="400 - n: only n = 1 is supported"):
+        client.completions.create(model="llama-3.1-8b", prompt="x", max_tokens=1, n=2)
     # The server keeps serving after bad input.
     assert client.completions.create(model="llama-3.1-8b", prompt="x", max_tokens=1).choices
 

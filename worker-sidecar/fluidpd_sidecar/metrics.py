@@ -178,11 +178,12 @@ class SidecarMetrics:
     def first_token(self, ttft: float) -> None:
         self.ttft.labels(self._worker).observe(ttft)
 
-    def finished(self, req: Request, t: float) -> None:
+    def finished(self, req: Request, t: float, generated: int) -> None:
+        """``generated``: output tokens (fewer than ``max_new_tokens`` after a stop)."""
         self.e2e.labels(self._worker).observe(t - req.arrival)
         tpot = 0.0
-        if req.max_new_tokens > 1:
-            tpot = (t - req.first_token_t) / (req.max_new_tokens - 1)
+        if generated > 1:
+            tpot = (t - req.first_token_t) / (generated - 1)
             self.tpot.labels(self._worker).observe(tpot)
         # The simulator's rule (fluidpd.sim.metrics.good_mask): a one-token answer meets TPOT.
         ttft_ok = req.first_token_t - req.arrival <= self._slo.ttft

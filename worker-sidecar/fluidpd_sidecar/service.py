@@ -4,6 +4,11 @@ One asyncio task runs the plan/execute/complete cycle of ``fluidpd.core.schedule
 against the engine; HTTP handlers only feed it (new halves, reservations, hand-offs, aborts,
 role switches) and wake it. Every message the scheduler puts in its outbox is delivered here:
 to a peer sidecar over HTTP, or to the router through the request's decode event stream.
+
+On a decode worker every output token goes through the request's ``OutputStream`` right
+after the step that made it (detokenization, EOS / stop ids / stop strings), and a request
+that stopped leaves the batch at that boundary (``DecodeSide.finish_early``). The stream to the
+router is coalesced (``stream_interval_s``); the first and the last tokens go out at once.
 """
 
 from __future__ import annotations
@@ -29,21 +34,26 @@ from fluidpd.api.internal import (
     PrefillOutcome,
     PressureReport,
     Released,
+    RequestHalf,
     Reserved,
     RetireRequest,
     RoleRequest,
     RoleStatus,
     SuffixCommit,
 )
+from fluidpd.api.sampling import SampledToken
 from fluidpd.core.fluidtoken import FluidTokenConfig
 from fluidpd.core.profile import Profile
 from fluidpd.core.scheduler import messages as msg
 from fluidpd.core.scheduler.prefill import PrefillBatch
 from fluidpd.core.scheduler.worker import Worker
 from fluidpd.core.types import SLO, Request, Role, RoleState
+from fluidpd.modeldir.model_dir import ModelDir
+from fluidpd.modeldir.text import TokenText
 from fluidpd_sidecar.engine import Engine, kv_stamp
 from fluidpd_sidecar.metrics import SidecarMetrics
 from fluidpd_sidecar.peers import PeerError, Peers
+from fluidpd_sidecar.stopping import OutputStream
 from fluidpd_sidecar.transfer import KVDest, KVTransfer
 
 log = logging.getLogger("fluidpd.sidecar")
@@ -68,6 +78,8 @@ class SidecarConfig:
     url: str
     profile: Profile
     slo: SLO
+    #: What is served: its tokenizer detokenizes, its EOS ids stop, its vocabulary bounds ids.
+    model: ModelDir
     token_cfg: FluidTokenConfig = FluidTokenConfig()
     adaptive: bool = False
     admin_token: str | None = None
@@ -78,6 +90,12 @@ class SidecarConfig:
     #: A prefill half whose decode peer never reserves KV is given up after this long
     #: (SGLang's SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT plays the same role).
     bootstrap_timeout_s: float = 300.0
+    #: Testing knob: every prefill runs with this stealing ratio (``PrefillSide.forced_steal``).
+    force_steal: float | None = None
+
+    @property
+    def context_limit(self) -> int:
+        return self.model.context_limit(self.profile.context_limit)
 
 
 @dataclass(slots=True)
@@ -95,8 +113,11 @@ class _PrefillHalf:
 class _DecodeHalf:
     req: Request
     prefill_url: str
+    half: DecodeHalf
+    stream: OutputStream
     events: asyncio.Queue[DecodeEvent | None] = field(default_factory=asyncio.Queue)
-    sent: int = 0
+    #: Output tokens read from the engine into ``stream`` (those of a migrated-in request too).
+    fed: int = 0
     closed: bool = False
     dest: KVDest | None = None
     received: float = field(default_factory=time.time)
@@ -106,13 +127,17 @@ class _DecodeHalf:
 
 
 class SidecarService:
-    def __init__(self, cfg: SidecarConfig, engine: Engine, transfer: KVTransfer) -> None:
+    def __init__(
+        self, cfg: SidecarConfig, engine: Engine, transfer: KVTransfer, text: TokenText
+    ) -> None:
         self.cfg = cfg
         self.engine = engine
         self.transfer = transfer
+        self.text = text
         self.worker = Worker.create(
             cfg.worker_id, cfg.role, cfg.profile, cfg.slo, cfg.token_cfg, cfg.adaptive, time.time()
         )
+        self.worker.prefill.forced_steal = cfg.force_steal
         self.metrics = SidecarMetrics(self)
         self.peers = Peers(cfg.admin_token)
         self.prefill_halves: dict[int, _PrefillHalf] = {}
@@ -179,11 +204,15 @@ class SidecarService:
                     await self._wake.wait()
                     continue
                 if isinstance(batch, PrefillBatch):
-                    measured = await self.engine.prefill(batch, None)
+                    measured = await self.engine.prefill(batch)
                     self.metrics.queue_time(batch.start - batch.request.arrival)
+                    w.finish_batch(batch, time.time(), measured)
                 else:
                     measured = await self.engine.decode_step(batch)
-                w.finish_batch(batch, time.time(), measured)
+                    now = time.time()
+                    w.finish_batch(batch, now, measured)
+                    self._dispatch()
+                    self._check_stops(now)
                 self._free_loaded()
                 self._dispatch()
                 if w.state is RoleState.DRAIN and w.role is Role.DECODE:
@@ -199,19 +228,24 @@ class SidecarService:
 
     # -- outbox -------------------------------------------------------------------------------
     def _dispatch(self) -> None:
-        for m in self.worker.take_outbox():
-            if isinstance(m, msg.Reserved):
-                self._spawn(self._send_reserved(m))
-            elif isinstance(m, msg.SuffixCommitted):
-                self._spawn(self._send_suffix(m))
-            elif isinstance(m, msg.Handoff):
-                self._spawn(self._handoff(m))
-            elif isinstance(m, msg.FirstToken):
-                self._first_token(m)
-            elif isinstance(m, msg.Finished):
-                self._finished(m)
-            elif isinstance(m, msg.Reroute):
-                self._reroute(m.request.rid)
+        # Delivering a message can make more (a first token that is EOS finishes the request).
+        while messages := self.worker.take_outbox():
+            for m in messages:
+                self._deliver(m)
+
+    def _deliver(self, m: msg.Message) -> None:
+        if isinstance(m, msg.Reserved):
+            self._spawn(self._send_reserved(m))
+        elif isinstance(m, msg.SuffixCommitted):
+            self._spawn(self._send_suffix(m))
+        elif isinstance(m, msg.Handoff):
+            self._spawn(self._handoff(m))
+        elif isinstance(m, msg.FirstToken):
+            self._first_token(m)
+        elif isinstance(m, msg.Finished):
+            self._finished(m)
+        elif isinstance(m, msg.Reroute):
+            self._reroute(m.request.rid)
 
     async def _send_reserved(self, m: msg.Reserved) -> None:
         half = self.decode_halves.get(m.rid)
@@ -234,11 +268,20 @@ class SidecarService:
             kv_addr=half.dest.addr if half.dest else 0,
             kv_nbytes=half.dest.nbytes if half.dest else 0,
         )
-        try:
-            await self.peers.post(half.prefill_url, "/v1/internal/reserved", body)
-        except PeerError as exc:
-            log.warning("reservation for %d not delivered: %s", m.rid, exc)
-            self._end_decode(m.rid, DecodeEvent(event="error", detail=f"prefill peer: {exc}"))
+        for attempt in range(2):
+            try:
+                await self.peers.post(half.prefill_url, "/v1/internal/reserved", body)
+                return
+            except PeerError as exc:
+                # Telling the prefill side twice is harmless (it applies a reservation once),
+                # and a pooled connection the peer just closed fails the first try now and then.
+                if attempt == 0:
+                    continue
+                log.warning("reservation for %d not delivered: %s", m.rid, exc)
+        # The reservation goes back too, or its KV would stay committed for good.
+        self.worker.decode.cancel(m.rid)
+        self._dispatch()
+        self._end_decode(m.rid, DecodeEvent(event="error", detail="prefill peer unreachable"))
 
     def _reserve_room(self, half: _DecodeHalf) -> bool:
         half.dest = self.transfer.reserve(self.engine.kv_wire_bytes(half.req.prompt_len))
@@ -284,9 +327,16 @@ class SidecarService:
             if half is not None and not half.aborted:
                 region = self.engine.export_kv(m.rid, m.prefix_tokens)
                 nbytes = region.nbytes if region else m.nbytes
+                first = None
+                if m.prefix_tokens == half.req.prompt_len:
+                    first = self.engine.first_token(m.rid)
+                    if first is None:
+                        raise RuntimeError("the engine sampled no first token")
                 await self.transfer.send(region.addr if region else None, half.dest, nbytes)
                 self.metrics.kv_sent.labels(self.cfg.worker_id).inc(m.nbytes)
-                body = Handoff(rid=m.rid, prefix_tokens=m.prefix_tokens, nbytes=m.nbytes)
+                body = Handoff(
+                    rid=m.rid, prefix_tokens=m.prefix_tokens, nbytes=m.nbytes, first=first
+                )
                 await self.peers.post(half.decode_url, "/v1/internal/handoff", body)
                 outcome = PrefillOutcome(status="done", stolen=half.req.stolen)
         except Exception as exc:  # the transport or the peer failed: the half ends with an error
@@ -294,40 +344,74 @@ class SidecarService:
             outcome = PrefillOutcome(status="cancelled", detail=f"hand-off failed: {exc}")
         finally:
             self.worker.prefill.transfer_done(m.rid)
-            self.engine.release(m.rid)
             self._resolve_prefill(m.rid, outcome)
             self.wake()
 
     def _resolve_prefill(self, rid: int, outcome: PrefillOutcome) -> None:
         half = self.prefill_halves.pop(rid, None)
-        if half is not None and not half.outcome.done():
+        if half is None:
+            return
+        self.engine.release(rid)
+        if not half.outcome.done():
             half.outcome.set_result(outcome)
 
     def _push(self, half: _DecodeHalf, event: DecodeEvent) -> None:
         if not half.closed:
             half.events.put_nowait(event)
 
-    def _tokens_up_to(self, half: _DecodeHalf, n: int, t: float) -> None:
-        if n > half.sent:
-            ids = self.engine.token_ids(half.req.rid, half.sent, n)
-            self._push(half, DecodeEvent(event="token", n=n, ids=ids, t=t))
-            half.sent = n
+    def _advance(self, half: _DecodeHalf, n: int) -> bool:
+        """Feeds the engine's output tokens up to ``n`` into the request's stream; True if
+        the request has stopped."""
+        if n > half.fed and half.stream.finish is None:
+            half.stream.feed(self.engine.outputs(half.req.rid, half.fed, n))
+            half.fed = n
+        return half.stream.finish is not None
+
+    def _emit(self, half: _DecodeHalf, t: float, final: bool = False) -> None:
+        ids, text, logprobs = half.stream.take(final)
+        if ids or text:
+            n = half.stream.count
+            self._push(half, DecodeEvent(event="token", n=n, ids=ids, text=text,
+                                         logprobs=logprobs, t=t))  # fmt: skip
+
+    def _check_stops(self, now: float) -> None:
+        """After a decode step: read every running request's new tokens; those that stopped
+        leave the batch now and free their KV (their ``Finished`` follows)."""
+        d = self.worker.decode
+        stopped = [
+            rid
+            for rid, slot in d.active.items()
+            if (half := self.decode_halves.get(rid)) is not None
+            and self._advance(half, slot.generated(d.iteration))
+        ]
+        for rid in stopped:
+            d.finish_early(rid, now)
+        if stopped:
+            self._dispatch()
 
     def _first_token(self, m: msg.FirstToken) -> None:
         half = self.decode_halves.get(m.rid)
         if half is None:
             return
         self.metrics.first_token(m.t - half.req.arrival)
-        self._tokens_up_to(half, 1, m.t)
+        if self._advance(half, 1):
+            self.worker.decode.finish_early(m.rid, m.t)  # its Finished is delivered next
+            return
+        self._emit(half, m.t)
 
     def _finished(self, m: msg.Finished) -> None:
         half = self.decode_halves.get(m.rid)
         if half is None:
             return
         req = half.req
-        self._tokens_up_to(half, req.max_new_tokens, m.t)
-        self.metrics.finished(req, m.t)
-        self._end_decode(m.rid, DecodeEvent(event="done", n=req.max_new_tokens, t=m.t))
+        stream = half.stream
+        if not self._advance(half, req.max_new_tokens):
+            stream.end()
+        self._emit(half, m.t, final=True)
+        self.metrics.finished(req, m.t, stream.count)
+        reason = stream.finish or "length"
+        done = DecodeEvent(event="done", n=stream.count, finish_reason=reason, t=m.t)
+        self._end_decode(m.rid, done)
 
     def _end_decode(self, rid: int, event: DecodeEvent) -> None:
         half = self.decode_halves.pop(rid, None)
@@ -351,12 +435,9 @@ class SidecarService:
         last_sweep = 0.0
         while not self._stopping:
             await asyncio.sleep(self.cfg.stream_interval_s)
-            d = self.worker.decode
             now = time.time()
-            for rid, half in list(self.decode_halves.items()):
-                slot = d.active.get(rid)
-                if slot is not None:
-                    self._tokens_up_to(half, slot.generated(d.iteration), now)
+            for half in list(self.decode_halves.values()):
+                self._emit(half, now)
             if now - last_sweep >= 1.0:
                 last_sweep = now
                 self._expire_bootstrap(now)
@@ -424,22 +505,29 @@ class SidecarService:
         if not w.accepting:
             raise Conflict(f"worker {self.cfg.worker_id} is {w.state.value}; not taking work")
 
-    def _check_context(self, prompt_len: int, max_new: int) -> None:
-        limit = self.cfg.profile.context_limit
-        if prompt_len + max_new > limit:
+    def _check_half(self, half: RequestHalf) -> None:
+        """What the router checked already, checked again: a peer must not crash an engine."""
+        limit = self.cfg.context_limit
+        if half.prompt_len + half.max_new_tokens > limit:
             raise BadRequest(
-                f"prompt ({prompt_len}) + max_new_tokens ({max_new}) exceeds the context "
-                f"limit {limit}"
+                f"prompt_ids: {half.prompt_len} tokens + max_new_tokens "
+                f"({half.max_new_tokens}) exceed the context limit {limit}"
             )
+        vocab = self.cfg.model.vocab_size
+        for name, ids in (("prompt_ids", half.prompt_ids),
+                          ("sampling.stop_token_ids", half.sampling.stop_token_ids)):  # fmt: skip
+            if ids and (min(ids) < 0 or max(ids) >= vocab):
+                raise BadRequest(f"{name}: token ids must be in [0, {vocab})")
 
     def accept_prefill(self, half: PrefillHalf) -> asyncio.Future[PrefillOutcome]:
         self._check_accepting(Role.PREFILL)
-        self._check_context(half.prompt_len, half.max_new_tokens)
+        self._check_half(half)
         if half.rid in self.prefill_halves:
             raise Conflict(f"request {half.rid} is already queued here")
         req = Request(half.rid, half.arrival, half.prompt_len, half.max_new_tokens)
         req.decode_worker = half.decode_worker
         future: asyncio.Future[PrefillOutcome] = asyncio.get_running_loop().create_future()
+        self.engine.admit(half.rid, half.prompt_ids, half.sampling)
         self.prefill_halves[half.rid] = _PrefillHalf(req, half.decode_url, future)
         self._decode_urls[half.decode_worker] = half.decode_url
         self.worker.prefill.add(req)
@@ -462,16 +550,26 @@ class SidecarService:
         if self.worker.prefill.reserved(body.rid, body.t):
             self.wake()
 
-    def accept_decode(self, half: DecodeHalf) -> _DecodeHalf:
-        self._check_accepting(Role.DECODE)
-        self._check_context(half.prompt_len, half.max_new_tokens)
-        if half.rid in self.decode_halves:
-            raise Conflict(f"request {half.rid} is already here")
+    def _decode_state(self, half: DecodeHalf, output_ids: list[int] | None = None) -> _DecodeHalf:
         req = Request(half.rid, half.arrival, half.prompt_len, half.max_new_tokens)
         req.prefill_worker = half.prefill_worker
-        state = _DecodeHalf(req, half.prefill_url)
+        stream = OutputStream(self.text, half.sampling, self.cfg.model.eos_token_ids)
+        self.engine.admit(half.rid, half.prompt_ids, half.sampling, output_ids or ())
+        state = _DecodeHalf(req, half.prefill_url, half, stream)
+        if output_ids:
+            stream.feed(SampledToken(i) for i in output_ids)
+            stream.skip_sent()  # the source sent their text already
+            state.fed = len(output_ids)
+        return state
+
+    def accept_decode(self, half: DecodeHalf) -> _DecodeHalf:
+        self._check_accepting(Role.DECODE)
+        self._check_half(half)
+        if half.rid in self.decode_halves:
+            raise Conflict(f"request {half.rid} is already here")
+        state = self._decode_state(half)
         self.decode_halves[half.rid] = state
-        self.worker.decode.add(req)
+        self.worker.decode.add(state.req)
         self._dispatch()
         self.wake()
         return state
@@ -524,7 +622,13 @@ class SidecarService:
         view = getattr(self.transfer, "view", None)
         kv = view(half.dest.addr, half.dest.nbytes) if view and half.dest else None
         try:
-            self.engine.import_kv(body.rid, half.req.prompt_len, body.prefix_tokens, kv)
+            if body.prefix_tokens > half.req.prompt_len:
+                raise ValueError(
+                    f"{body.prefix_tokens} prefix tokens of a {half.req.prompt_len}-token prompt"
+                )
+            if body.prefix_tokens == half.req.prompt_len and body.first is None:
+                raise ValueError("the whole prompt was handed off without its first token")
+            self.engine.import_kv(body.rid, body.prefix_tokens, kv, body.first)
         except ValueError as exc:
             self.worker.decode.cancel(body.rid)
             self._dispatch()
@@ -553,6 +657,8 @@ class SidecarService:
             found = True
             pre.aborted = True
             if self.worker.prefill.cancel(rid) is not None:
+                # Not started: nothing runs on it any more. (A started one ends in its
+                # hand-off, which sees ``aborted`` and releases it.)
                 self._resolve_prefill(rid, PrefillOutcome(status="cancelled", detail=body.reason))
         self._early_reserved.pop(rid, None)
         if rid in self.decode_halves:
@@ -577,12 +683,14 @@ class SidecarService:
         if not getattr(self.engine, "migrates_kv", True):
             raise Conflict(f"engine {self.engine.name} cannot adopt a request without its KV")
         half = body.half
-        req = Request(half.rid, half.arrival, half.prompt_len, half.max_new_tokens)
-        req.prefill_worker = half.prefill_worker
-        req.first_token_t = body.first_token_t
-        if not self.worker.decode.adopt(req, body.generated):
+        self._check_half(half)
+        if half.rid in self.decode_halves:
+            raise Conflict(f"request {half.rid} is already here")
+        state = self._decode_state(half, body.output_ids)
+        state.req.first_token_t = body.first_token_t
+        if not self.worker.decode.adopt(state.req, body.generated):
+            self.engine.release(half.rid)
             raise Conflict(f"no KV room for request {half.rid}")
-        state = _DecodeHalf(req, half.prefill_url, sent=body.generated)
         self.decode_halves[half.rid] = state
 
     def activate(self, rid: int) -> None:
@@ -618,17 +726,15 @@ class SidecarService:
             if target is None:
                 return
             generated = slot.generated(d.iteration)
-            self._tokens_up_to(half, generated, time.time())
+            if self._advance(half, generated):
+                d.finish_early(rid, time.time())  # it stopped: it finishes here instead
+                self._dispatch()
+                continue
+            self._emit(half, time.time())
             body = Adopt(
-                half=DecodeHalf(
-                    rid=rid,
-                    prompt_len=half.req.prompt_len,
-                    max_new_tokens=half.req.max_new_tokens,
-                    arrival=half.req.arrival,
-                    prefill_worker=half.req.prefill_worker,
-                    prefill_url=half.prefill_url,
-                ),
+                half=half.half,
                 generated=generated,
+                output_ids=half.stream.output_ids,
                 first_token_t=half.req.first_token_t,
             )
             try:
@@ -650,7 +756,7 @@ class SidecarService:
             await self.peers.post(
                 target, "/v1/internal/activate", Abort(rid=rid, reason="migrated")
             )
-            self._push(half, DecodeEvent(event="migrated", url=target, n=half.sent))
+            self._push(half, DecodeEvent(event="migrated", url=target, n=half.fed))
         except Exception as exc:
             self._push(half, DecodeEvent(event="error", detail=f"migration failed: {exc}"))
         finally:

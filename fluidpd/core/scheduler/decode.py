@@ -233,16 +233,26 @@ class DecodeSide:
             self.bank = slack_bank_update(self.bank, self.slo.tpot, measured_s, self.bank_cap)
         self.admit()
 
-    def finish_early(self, rid: int, now: float) -> None:
-        """An engine saw EOS before max_new_tokens: the request leaves at this boundary."""
+    def finish_early(self, rid: int, now: float) -> bool:
+        """The request stopped before ``max_new_tokens`` (EOS, a stop id or string): it leaves
+        the batch at this boundary, its KV commitment is released at once (DPI and the steal
+        budget see the room; queued requests may be admitted into it) and ``Finished`` is
+        emitted. Applies to a request whose first token is out: running, or joining at the
+        next boundary. False if the request is not there (already finished or gone)."""
         slot = self.active.pop(rid, None)
-        if slot is None:
-            return
-        self._remove_active(slot)
-        slot.req.finish_t = now
+        if slot is not None:
+            self._remove_active(slot)
+            req = slot.req
+        else:
+            i = next((k for k, (r, _) in enumerate(self.joining) if r.rid == rid), -1)
+            if i < 0:
+                return False
+            req = self.joining.pop(i)[0]
+        req.finish_t = now
         self._release(rid)
         self.outbox.append(Finished(rid, now))
         self.admit()
+        return True
 
     def cancel(self, rid: int) -> Request | None:
         """Drop a request wherever it is (timeout, client abort, re-pairing)."""

@@ -151,6 +151,10 @@ class PrefillSide:
     #: KV hand-offs started and not yet confirmed, rid -> bytes.
     transfers: dict[int, int] = field(default_factory=dict)
     stolen_tokens: int = 0
+    #: Testing knob: every request runs with this stealing ratio beta (prefix
+    #: ``p = round((1 - beta) * L)``), whatever the planner and budgets say, so that a test
+    #: can pin the P/D split of each request (beta = 1: the whole prompt runs on decode).
+    forced_steal: float | None = None
 
     # -- intake -------------------------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -249,8 +253,11 @@ class PrefillSide:
         if self.running is not None or not self.waiting:
             return None
         stolen = 0
+        if self.forced_steal is not None:
+            length = self.waiting[0].prompt_len
+            stolen = length - round((1.0 - self.forced_steal) * length)
         # A lone head cannot donate to anyone behind it, so Algorithm 1 would return 0.
-        if budgets is not None and self.token_cfg.enabled and len(self.waiting) > 1:
+        elif budgets is not None and self.token_cfg.enabled and len(self.waiting) > 1:
             # Only the head's ratio is committed; the rest are re-planned next iteration.
             stolen = int(self.plan(now, budgets, head_only=True).stolen[0])
         req = self.waiting.popleft()

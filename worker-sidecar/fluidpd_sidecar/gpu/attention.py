@@ -95,6 +95,7 @@ if HAVE_TRITON:
         D: tl.constexpr,
         PAGE: tl.constexpr,
         BLOCK_N: tl.constexpr,
+        IEEE: tl.constexpr,
     ):
         b = tl.program_id(0)
         kvh = tl.program_id(1)
@@ -118,13 +119,19 @@ if HAVE_TRITON:
             off = page * stride_kp + (t % PAGE) * stride_ks + kvh * stride_kh
             k = tl.load(K + off[:, None] + d[None, :], mask=tmask[:, None], other=0.0)
             v = tl.load(V + off[:, None] + d[None, :], mask=tmask[:, None], other=0.0)
-            s = tl.dot(q, tl.trans(k)) * sm_scale
+            if IEEE:  # fp32 models: full-precision dots (Triton's default for fp32 is TF32)
+                s = tl.dot(q, tl.trans(k), input_precision="ieee") * sm_scale
+            else:
+                s = tl.dot(q, tl.trans(k)) * sm_scale
             s = tl.where(tmask[None, :], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, 1))
             alpha = tl.exp(m_i - m_new)
             p = tl.exp(s - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            if IEEE:
+                acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             m_i = m_new
         out = acc / l_i[:, None]
         tl.store(
@@ -142,7 +149,8 @@ def decode_attention_triton(
     seq_lens: torch.Tensor,
     block_n: int = 64,
 ) -> torch.Tensor:
-    """The paged decode kernel: grid (batch, kv_heads), online softmax in fp32."""
+    """The paged decode kernel: grid (batch, kv_heads), online softmax in fp32; fp32 inputs
+    get IEEE dots, so an fp32 model computes in fp32 throughout (a reference run's needs)."""
     batch, heads, dim = q.shape
     kv_heads = k_pages.shape[2]
     group = heads // kv_heads
@@ -169,6 +177,7 @@ def decode_attention_triton(
         D=dim,
         PAGE=k_pages.shape[1],
         BLOCK_N=block_n,
+        IEEE=q.dtype == torch.float32,
         num_warps=4,
         num_stages=2,
     )

@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from fluidpd.modeldir.model_dir import ModelDirError
+
 
 @dataclass(frozen=True, slots=True)
 class RopeScaling:
@@ -66,6 +68,33 @@ class ModelConfig:
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
+    def to_hf_config(self) -> dict[str, Any]:
+        """This shape as ``config.json`` fields (what ``transformers``' ``LlamaConfig`` and
+        ``Qwen3Config`` take; ``from_hf_config`` reads them back)."""
+        out: dict[str, Any] = {
+            "vocab_size": self.vocab, "hidden_size": self.hidden,
+            "intermediate_size": self.intermediate, "num_hidden_layers": self.layers,
+            "num_attention_heads": self.heads, "num_key_value_heads": self.kv_heads,
+            "head_dim": self.head_dim, "rope_theta": self.rope_theta, "rms_norm_eps": self.rms_eps,
+            "max_position_embeddings": self.max_position,
+            "tie_word_embeddings": self.tie_embeddings,
+        }  # fmt: skip
+        if self.rope_scaling is not None:
+            rs = self.rope_scaling
+            out["rope_scaling"] = {
+                "rope_type": "llama3", "factor": rs.factor, "low_freq_factor": rs.low_freq_factor,
+                "high_freq_factor": rs.high_freq_factor,
+                "original_max_position_embeddings": rs.original_max_position,
+            }  # fmt: skip
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ModelConfig:
+        """The inverse of ``to_json`` (a profile report's ``shape``)."""
+        fields = dict(data)
+        rs = fields.pop("rope_scaling", None)
+        return cls(**fields, rope_scaling=RopeScaling(**rs) if rs else None)
+
 
 _LLAMA3_SCALING_8B = RopeScaling(8.0, 1.0, 4.0, 8192)
 _LLAMA3_SCALING_1B = RopeScaling(32.0, 1.0, 4.0, 8192)
@@ -106,37 +135,98 @@ SHAPE_SOURCES: dict[str, list[str]] = {
 }
 
 
-def from_hf_config(path: str | Path, name: str | None = None) -> ModelConfig:
-    """A shape from a Hugging Face ``config.json`` (Llama or Qwen3 architectures)."""
-    data = json.loads(Path(path).read_text())
-    arch = " ".join(data.get("architectures", []))
-    heads = int(data["num_attention_heads"])
-    hidden = int(data["hidden_size"])
-    scaling = None
-    rs = data.get("rope_scaling") or {}
-    if rs.get("rope_type", rs.get("type")) == "llama3":
+#: The architectures the engine's forward pass implements (``config.json`` ``architectures``).
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen3ForCausalLM")
+
+
+def _rope(data: dict[str, Any], where: str) -> tuple[float, RopeScaling | None]:
+    """rope_theta and Llama-3 scaling from either config layout: transformers >= 5 writes
+    ``rope_parameters`` (theta and type inside), older files ``rope_theta`` + ``rope_scaling``."""
+    params = data.get("rope_parameters")
+    if isinstance(params, dict) and "full_attention" in params:  # per-layer-type form
+        params = params["full_attention"]
+    rs: dict[str, Any] = dict(params or data.get("rope_scaling") or {})
+    theta = rs.get("rope_theta", data.get("rope_theta", 10000.0))
+    kind = rs.get("rope_type", rs.get("type", "default"))
+    if kind in (None, "default"):
+        return float(theta), None
+    if kind != "llama3":
+        raise ModelDirError(
+            f"{where}: rope_type {kind!r} is not supported by the gpu engine (default, llama3)"
+        )
+    try:
         scaling = RopeScaling(
             float(rs["factor"]),
             float(rs["low_freq_factor"]),
             float(rs["high_freq_factor"]),
             int(rs["original_max_position_embeddings"]),
         )
-    return ModelConfig(
-        name=name or str(data.get("_name_or_path") or Path(path).parent.name),
-        hidden=hidden,
-        layers=int(data["num_hidden_layers"]),
-        heads=heads,
-        kv_heads=int(data.get("num_key_value_heads", heads)),
-        head_dim=int(data.get("head_dim") or hidden // heads),
-        intermediate=int(data["intermediate_size"]),
-        vocab=int(data["vocab_size"]),
-        rope_theta=float(data.get("rope_theta", 10000.0)),
-        rms_eps=float(data.get("rms_norm_eps", 1e-6)),
-        qk_norm="Qwen3" in arch,
-        tie_embeddings=bool(data.get("tie_word_embeddings", False)),
-        max_position=int(data.get("max_position_embeddings", 4096)),
-        rope_scaling=scaling,
-    )
+    except KeyError as exc:
+        raise ModelDirError(f"{where}: llama3 rope parameters lack {exc.args[0]!r}") from None
+    return float(theta), scaling
+
+
+def _unsupported_features(data: dict[str, Any]) -> str | None:
+    """A config feature the forward pass does not implement (it would compute another model)."""
+    if data.get("hidden_act", "silu") != "silu":
+        return f"hidden_act {data['hidden_act']!r} (only silu)"
+    for key in ("attention_bias", "mlp_bias", "use_sliding_window"):
+        if data.get(key):
+            return f"{key}: true"
+    return None
+
+
+def from_hf_config(path: str | Path, name: str | None = None) -> ModelConfig:
+    """A shape from a Hugging Face ``config.json`` (Llama and Qwen3 architectures only).
+
+    Anything else, a missing field or a feature the forward pass lacks is a ``ModelDirError``
+    (the model directory's error type, ``fluidpd.modeldir.model_dir``) whose one line names
+    the file.
+    """
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise ModelDirError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise ModelDirError(f"{path}: not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ModelDirError(f"{path}: not a JSON object")
+    archs = data.get("architectures") or []
+    supported = [a for a in archs if a in SUPPORTED_ARCHITECTURES]
+    if not supported:
+        got = ", ".join(map(str, archs)) or "none given"
+        raise ModelDirError(
+            f"{path}: architecture {got} is not supported by the gpu engine "
+            f"({', '.join(SUPPORTED_ARCHITECTURES)})"
+        )
+    feature = _unsupported_features(data)
+    if feature is not None:
+        raise ModelDirError(f"{path}: {feature} is not supported by the gpu engine")
+    theta, scaling = _rope(data, str(path))
+    try:
+        heads = int(data["num_attention_heads"])
+        hidden = int(data["hidden_size"])
+        return ModelConfig(
+            name=name or str(data.get("_name_or_path") or path.parent.name),
+            hidden=hidden,
+            layers=int(data["num_hidden_layers"]),
+            heads=heads,
+            kv_heads=int(data.get("num_key_value_heads") or heads),
+            head_dim=int(data.get("head_dim") or hidden // heads),
+            intermediate=int(data["intermediate_size"]),
+            vocab=int(data["vocab_size"]),
+            rope_theta=theta,
+            rms_eps=float(data.get("rms_norm_eps", 1e-6)),
+            qk_norm=supported[0] == "Qwen3ForCausalLM",
+            tie_embeddings=bool(data.get("tie_word_embeddings", False)),
+            max_position=int(data.get("max_position_embeddings", 4096)),
+            rope_scaling=scaling,
+        )
+    except KeyError as exc:
+        raise ModelDirError(f"{path}: missing field {exc.args[0]!r}") from None
+    except (TypeError, ValueError) as exc:
+        raise ModelDirError(f"{path}: {exc}") from None
 
 
 def resolve_shape(spec: str) -> ModelConfig:

@@ -3,15 +3,18 @@
 All GPU work runs on one worker thread, in the order the scheduler asks for it, so the event
 loop keeps serving HTTP while a step runs (torch releases the GIL in kernels). Bookkeeping the
 scheduler relies on (which requests join the next decode step, which left) is done on the
-event-loop thread when a call is made, and the thread only executes a plan; cache pages of
-released requests are freed on the thread before its next job, never under a running step.
+event-loop thread when a call is made, and the thread only executes a plan; cache pages and
+sampler state of released requests are freed on the thread at the start and at the end of
+every job, never under a running step, so a release at any moment (an early stop while a step
+runs) frees the request's KV without racing the step that may still be computing on it.
 
 Batch membership mirrors the scheduler's ``DecodeSide``: a request whose whole prompt was
-prefilled joins the step after its hand-off (its first token came in the wire header); a
-request with a stolen suffix runs its extend in the step the scheduler puts it in, samples
-its first token there, and joins the following step. Prompt token ids: the sidecar protocol
-carries prompt lengths, not ids, so both halves derive the same ids from (request id,
-position) with ``prompt_ids``; any list given to ``prefill`` is used instead.
+prefilled joins the step after its hand-off (its token 0 came with the hand-off); a request
+with a stolen suffix runs its extend in the step the scheduler puts it in, samples its token 0
+there, and joins the following step. The engine computes on exactly the ids it was given in
+``admit``: the prefill worker on ``ids[:p]``, the decode worker's extend on ``ids[p:]``.
+Tokens are chosen by ``sampling.Sampler``; an all-greedy step without penalties or logprobs
+takes the argmax the decode graph already computed.
 """
 
 from __future__ import annotations
@@ -19,16 +22,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
+from fluidpd.api.sampling import SampledToken, SamplingParams
 from fluidpd.core.scheduler.decode import DecodeBatch
 from fluidpd.core.scheduler.prefill import PrefillBatch
 from fluidpd.core.types import Role
 from fluidpd_sidecar.engine import KVRegion, KVStaging
 from fluidpd_sidecar.gpu import wire
 from fluidpd_sidecar.gpu.runner import ModelRunner, pin_host_memory
+from fluidpd_sidecar.gpu.sampling import Row, Sampler, is_plain_greedy
 
 log = logging.getLogger("fluidpd.gpu")
 
@@ -36,9 +44,12 @@ log = logging.getLogger("fluidpd.gpu")
 _STAGING_POLL_S = 0.002
 
 
-def prompt_ids(rid: int, start: int, stop: int, vocab: int) -> list[int]:
-    """Deterministic stand-in prompt tokens (identical in every process)."""
-    return [((rid * 2654435761) ^ (k * 2246822519 + 374761393)) % vocab for k in range(start, stop)]
+@dataclass(slots=True)
+class _Request:
+    ids: list[int]
+    params: SamplingParams
+    #: Output tokens so far (decode side; token 0 on the prefill side once sampled there).
+    out: list[SampledToken] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -46,6 +57,10 @@ class _Import:
     rid: int
     view: memoryview | None
     tokens: int
+    #: For the sampler's state: the prompt, its parameters and the tokens already out.
+    ids: list[int]
+    params: SamplingParams
+    generated: list[int]
 
 
 @dataclass(slots=True)
@@ -53,6 +68,7 @@ class EngineStats:
     prefills: int = 0
     decode_steps: int = 0
     extends: int = 0
+    sampled_steps: int = 0
     staged_bytes: int = 0
     stage_s: float = 0.0
     imported_bytes: int = 0
@@ -66,12 +82,20 @@ class GpuEngine:
     #: engine refuses adoption and a D->P drain waits for its requests instead.
     migrates_kv = False
 
-    def __init__(self, runner: ModelRunner, role: Role, staging: KVStaging | None = None) -> None:
+    def __init__(
+        self,
+        runner: ModelRunner,
+        role: Role,
+        staging: KVStaging | None = None,
+        sampler_seed: int | None = None,
+    ) -> None:
         self.runner = runner
         self.cfg = runner.cfg
         self._staging = staging
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="gpu-engine")
-        self._out: dict[int, list[int]] = {}
+        #: Unseeded requests draw from this sampler's generator (seeded ones from a hash).
+        self.sampler = Sampler(runner.cfg.vocab, runner.device, sampler_seed)
+        self._requests: dict[int, _Request] = {}
         self._staged: dict[int, KVRegion] = {}
         self._imports: list[_Import] = []
         self._loaded: list[int] = []
@@ -96,27 +120,60 @@ class GpuEngine:
     async def _run(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
-    def _free_released(self) -> None:
-        for rid in self._to_free:
+    def _free_released(self, busy: frozenset[int] = frozenset()) -> None:
+        """Worker thread: free what released requests held, except those the job about to run
+        computes on (released after it was planned: they are freed when it ends). The event
+        loop appends while this runs, so entries are popped one by one."""
+        kept = []
+        while self._to_free:
+            rid = self._to_free.pop()
+            if rid in busy:
+                kept.append(rid)
+                continue
             self.runner.release(rid)
-        self._to_free.clear()
+            self.sampler.drop(rid)
+        self._to_free += kept
+
+    def _request(self, rid: int) -> _Request:
+        req = self._requests.get(rid)
+        if req is None:
+            raise ValueError(f"request {rid} is not admitted on this engine")
+        return req
 
     # -- Engine interface -------------------------------------------------------------------------
+    def admit(
+        self,
+        rid: int,
+        prompt_ids: Sequence[int],
+        sampling: SamplingParams,
+        output_ids: Sequence[int] = (),
+    ) -> None:
+        ids = [int(t) for t in prompt_ids]
+        vocab = self.cfg.vocab
+        bad = next((t for t in [*ids, *output_ids] if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ValueError(
+                f"request {rid}: token id {bad} outside the vocabulary (0..{vocab - 1})"
+            )
+        self._requests[rid] = _Request(ids, sampling, [SampledToken(int(t)) for t in output_ids])
+
     def kv_wire_bytes(self, tokens: int) -> int:
         return wire.wire_bytes(self.cfg, tokens, self.runner.weights.embed.element_size())
 
-    async def prefill(self, batch: PrefillBatch, prompt_ids_: list[int] | None) -> float:
-        req = batch.request
+    async def prefill(self, batch: PrefillBatch) -> float:
+        rid = batch.request.rid
+        req = self._request(rid)
         p = batch.prefix_tokens
-        ids = prompt_ids_[:p] if prompt_ids_ else prompt_ids(req.rid, 0, p, self.cfg.vocab)
-        full = p == req.prompt_len
+        params = req.params if p == len(req.ids) else None
         region = None
         if self._staging is not None:
             region = await self._stage(self.kv_wire_bytes(p))
-            self._staged[req.rid] = region
-        seconds: float = await self._run(self._prefill_job, req.rid, ids, full, region)
+            self._staged[rid] = region
+        seconds, first = await self._run(self._prefill_job, rid, req.ids[:p], params, region)
+        if first is not None:
+            req.out = [first]
         self.stats.prefills += 1
-        return seconds
+        return float(seconds)
 
     async def _stage(self, nbytes: int) -> KVRegion:
         """Room in the arena for this prefill's KV. Earlier prefills' hand-offs are in flight
@@ -128,48 +185,60 @@ class GpuEngine:
             await asyncio.sleep(_STAGING_POLL_S)
         return region
 
-    def _prefill_job(self, rid: int, ids: list[int], full: bool, region: KVRegion | None) -> float:
-        self._free_released()
+    def _prefill_job(
+        self, rid: int, ids: list[int], params: SamplingParams | None, region: KVRegion | None
+    ) -> tuple[float, SampledToken | None]:
+        """``params`` given: the prefix is the whole prompt, and token 0 is sampled here."""
+        self._free_released(frozenset((rid,)))
         t0 = time.perf_counter()
-        first = -1
+        first = None
         if ids:
             logits = self.runner.prefill(rid, ids)
-            if full:
-                first = int(logits.argmax())
+            if params is not None:
+                self.sampler.add(rid, ids, params)
+                first = self.sampler.sample(logits[None], [Row(rid, params, 0)])[0]
+                self.sampler.drop(rid)  # the decode worker samples the rest
         self.runner.sync()
         seconds = time.perf_counter() - t0
         if region is not None and self._staging is not None:
             t1 = time.perf_counter()
             view = self._staging.view(region.addr, region.nbytes)
             kv = self.runner.export(rid, len(ids))
-            n = wire.write(view, rid, first, kv)
+            n = wire.write(view, rid, -1 if first is None else first.id, kv)
             self.stats.staged_bytes += n
             self.stats.stage_s += time.perf_counter() - t1
-        elif full:
-            self._out[rid] = [first]
-        return seconds
+        self._free_released()
+        return seconds, first
+
+    def first_token(self, rid: int) -> SampledToken | None:
+        req = self._requests.get(rid)
+        return req.out[0] if req is not None and req.out else None
 
     async def decode_step(self, batch: DecodeBatch) -> float:
-        self._running += [r for r in self._joining if r in self._out]
+        reqs = self._requests
+        self._running += [r for r in self._joining if r in reqs]
         self._joining = []
         suffix = [
-            (r.rid, r.prompt_len - r.stolen, r.prompt_len)
+            (r.rid, r.prompt_len - r.stolen, reqs[r.rid].ids[r.prompt_len - r.stolen :])
             for r in batch.suffix
-            if r.rid in self._out
+            if r.rid in reqs
         ]
         imports, self._imports = self._imports, []
         running = list(self._running)
-        last = [self._out[r][-1] for r in running]
-        seconds, firsts, tokens = await self._run(self._decode_job, imports, suffix, running, last)
+        last = [reqs[r].out[-1].id for r in running]
+        rows = [Row(rid, reqs[rid].params, 0) for rid, _, _ in suffix]
+        rows += [Row(rid, reqs[rid].params, len(reqs[rid].out)) for rid in running]
+        seconds, sampled = await self._run(self._decode_job, imports, suffix, running, last, rows)
         self._loaded += [imp.rid for imp in imports]
-        for (rid, _, _), tok in zip(suffix, firsts, strict=True):
-            if rid in self._out:
-                self._out[rid] = [tok]
+        for (rid, _, _), tok in zip(suffix, sampled[: len(suffix)], strict=True):
+            req = reqs.get(rid)
+            if req is not None:  # not released while the step ran
+                req.out = [tok]
                 self._joining.append(rid)
-        for rid, tok in zip(running, tokens, strict=True):
-            out = self._out.get(rid)
-            if out is not None:
-                out.append(tok)
+        for rid, tok in zip(running, sampled[len(suffix) :], strict=True):
+            req = reqs.get(rid)
+            if req is not None:
+                req.out.append(tok)
         if len(running) != batch.batch:
             log.debug("engine batch %d vs scheduler batch %d", len(running), batch.batch)
         self.stats.decode_steps += 1
@@ -179,23 +248,36 @@ class GpuEngine:
     def _decode_job(
         self,
         imports: list[_Import],
-        suffix: list[tuple[int, int, int]],
+        suffix: list[tuple[int, int, list[int]]],
         running: list[int],
         last: list[int],
-    ) -> tuple[float, list[int], list[int]]:
-        self._free_released()
+        rows: list[Row],
+    ) -> tuple[float, list[SampledToken]]:
+        self._free_released(
+            frozenset([*running, *(r.rid for r in rows), *(i.rid for i in imports)])
+        )
         self._load(imports)
         t0 = time.perf_counter()
-        firsts = []
-        for rid, start, stop in suffix:
-            ids = prompt_ids(rid, start, stop, self.cfg.vocab)
-            firsts.append(int(self.runner.prefill(rid, ids, start).argmax()))
-        tokens = self.runner.decode(running, last)
+        heads = [self.runner.prefill(rid, ids, start) for rid, start, ids in suffix]
+        self.runner.step(running, last)
+        if all(is_plain_greedy(r.params) for r in rows):
+            tokens = torch.stack(heads).argmax(-1).tolist() if heads else []
+            sampled = [SampledToken(int(t)) for t in tokens]
+            sampled += [SampledToken(t) for t in self.runner.greedy(len(running))]
+        else:
+            parts = [torch.stack(heads)] if heads else []
+            if running:
+                parts.append(self.runner.logits(len(running)))
+            sampled = self.sampler.sample(torch.cat(parts), rows)
+            self.stats.sampled_steps += 1
         self.runner.sync()
-        return time.perf_counter() - t0, firsts, tokens
+        seconds = time.perf_counter() - t0
+        self._free_released()
+        return seconds, sampled
 
     def _load(self, imports: list[_Import]) -> None:
         for imp in imports:
+            self.sampler.add(imp.rid, imp.ids, imp.params, imp.generated)
             if imp.view is None or imp.tokens == 0:
                 self.runner.cache.ensure(imp.rid, 0)
                 continue
@@ -206,12 +288,17 @@ class GpuEngine:
             self.stats.import_s += time.perf_counter() - t0
 
     def import_kv(
-        self, rid: int, prompt_len: int, prefix_tokens: int, view: memoryview | None
+        self, rid: int, prefix_tokens: int, view: memoryview | None, first: SampledToken | None
     ) -> None:
         """The prefix KV of ``rid`` arrived in ``view`` (loaded on the GPU before the next step)."""
+        req = self._request(rid)
+        if prefix_tokens > len(req.ids):
+            raise ValueError(
+                f"request {rid}: {prefix_tokens} KV tokens for a prompt of {len(req.ids)}"
+            )
         if prefix_tokens and view is None:
             raise ValueError(f"request {rid}: {prefix_tokens} KV tokens announced, no bytes")
-        first = -1
+        header_first = -1
         if view is not None and prefix_tokens:
             head = wire.read_header(view)
             if head.tokens != prefix_tokens or head.layers != self.cfg.layers:
@@ -219,24 +306,27 @@ class GpuEngine:
                     f"request {rid}: KV of {head.tokens} tokens x {head.layers} layers arrived, "
                     f"{prefix_tokens} x {self.cfg.layers} expected"
                 )
-            first = head.first_token
-        self._imports.append(_Import(rid, view, prefix_tokens))
-        self._out[rid] = []
-        if prefix_tokens == prompt_len:
-            if first < 0:
+            header_first = head.first_token
+        whole = prefix_tokens == len(req.ids)
+        if whole:
+            if first is None:
                 raise ValueError(f"request {rid}: whole prompt handed off without a first token")
-            self._out[rid] = [first]
+            if header_first >= 0 and header_first != first.id:
+                raise ValueError(
+                    f"request {rid}: first token {first.id} announced, {header_first} in the KV"
+                )
+            req.out = [first]
             self._joining.append(rid)
+        generated = [t.id for t in req.out]
+        self._imports.append(_Import(rid, view, prefix_tokens, req.ids, req.params, generated))
 
     def take_loaded(self) -> list[int]:
         loaded, self._loaded = self._loaded, []
         return loaded
 
-    def token_ids(self, rid: int, start: int, stop: int) -> list[int]:
-        out = self._out.get(rid, [])[start:stop]
-        if len(out) < stop - start:  # e.g. a request adopted without KV (migrate drain)
-            out = out + [0] * (stop - start - len(out))
-        return out
+    def outputs(self, rid: int, start: int, stop: int) -> list[SampledToken]:
+        req = self._requests.get(rid)
+        return req.out[start:stop] if req is not None else []
 
     def export_kv(self, rid: int, tokens: int) -> KVRegion | None:
         return self._staged.get(rid)
@@ -245,7 +335,7 @@ class GpuEngine:
         region = self._staged.pop(rid, None)
         if region is not None and self._staging is not None:
             self._staging.release_source(region)
-        self._out.pop(rid, None)
+        self._requests.pop(rid, None)
         if rid in self._running:
             self._running.remove(rid)
         if rid in self._joining:

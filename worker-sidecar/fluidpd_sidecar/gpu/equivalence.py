@@ -27,7 +27,7 @@ import torch
 
 from fluidpd_sidecar.gpu import wire
 from fluidpd_sidecar.gpu.config import resolve_shape
-from fluidpd_sidecar.gpu.engine import prompt_ids
+from fluidpd_sidecar.gpu.profiler import bench_ids
 from fluidpd_sidecar.gpu.runner import ModelRunner, RunnerOptions, pin_host_memory
 from fluidpd_sidecar.transfer import KVDest
 from fluidpd_sidecar.transfer_mooncake import MooncakeTransfer
@@ -65,7 +65,7 @@ def _prefix_worker(spec: dict[str, Any]) -> dict[str, Any]:
     """Child: prefix prefill, stage, send; returns timings."""
     cfg = resolve_shape(spec["shape"])
     runner = ModelRunner(cfg, _options(spec))
-    ids = prompt_ids(RID, 0, spec["prompt_len"], cfg.vocab)
+    ids = bench_ids(spec["prompt_len"], cfg.vocab, RID)
     esize = runner.weights.embed.element_size()
     arena = sum(wire.wire_bytes(cfg, p, esize) + 4096 for p in spec["prefixes"])
     transfer = make_transport(spec["transport"], arena)
@@ -132,7 +132,7 @@ def split_check(
     sent = json.loads(child.stdout.strip().splitlines()[-1])["prefixes"]
     pin(transfer, device)
     runner = ModelRunner(cfg, _options(spec))
-    ids = prompt_ids(RID, 0, prompt_len, cfg.vocab)
+    ids = bench_ids(prompt_len, cfg.vocab, RID)
     with torch.inference_mode():
         full = runner.prefill(1, ids)
         runner.release(1)

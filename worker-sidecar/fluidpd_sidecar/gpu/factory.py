@@ -1,11 +1,17 @@
-"""Builds a ``GpuEngine`` sized by a profile (the sidecar's and the profiler's entry point)."""
+"""Builds a ``GpuEngine`` sized by a profile (the sidecar's and the profiler's entry point).
+
+The model is either a Hugging Face model directory (``model_dir``: shape from its
+``config.json``, weights from its safetensors) or, for benchmarks, a named shape with seeded
+random weights (``shape`` + ``seed``); the two are never mixed.
+"""
 
 from __future__ import annotations
 
 from fluidpd.core.profile import Profile
 from fluidpd.core.types import Role
 from fluidpd_sidecar.engine import KVStaging
-from fluidpd_sidecar.gpu.config import resolve_shape
+from fluidpd_sidecar.gpu.checkpoint import model_dir_config
+from fluidpd_sidecar.gpu.config import ModelConfig, resolve_shape
 from fluidpd_sidecar.gpu.engine import GpuEngine
 from fluidpd_sidecar.gpu.runner import ModelRunner, RunnerOptions
 
@@ -13,8 +19,17 @@ PAGE_SIZE = 16
 MAX_GRAPH_BATCH = 256
 
 
+def model_config(shape: str | None, model_dir: str | None) -> ModelConfig:
+    """The model's shape: the directory's ``config.json`` if given, else the named shape."""
+    if model_dir:
+        return model_dir_config(model_dir)
+    if not shape:
+        raise ValueError("no model: give a model directory or an --engine-model shape")
+    return resolve_shape(shape)
+
+
 def runner_options(
-    profile: Profile, device: str, dtype: str, seed: int, weights_dir: str | None
+    profile: Profile, device: str, dtype: str, seed: int, model_dir: str | None
 ) -> RunnerOptions:
     """KV pool = the profile's capacity plus one page of rounding per running request, so the
     scheduler's token accounting (which knows no pages) never finds the pool short."""
@@ -23,7 +38,7 @@ def runner_options(
         device=device,
         dtype=dtype,
         seed=seed,
-        weights_dir=weights_dir,
+        model_dir=model_dir,
         kv_tokens=profile.kv.capacity_tokens + PAGE_SIZE * max_batch,
         page_size=PAGE_SIZE,
         max_context=profile.context_limit,
@@ -32,21 +47,23 @@ def runner_options(
 
 
 def build_engine(
-    shape: str,
+    shape: str | None,
     profile: Profile,
     role: Role,
     *,
+    model_dir: str | None = None,
     device: str = "cuda",
     dtype: str = "bfloat16",
     seed: int = 0,
-    weights_dir: str | None = None,
     staging: KVStaging | None = None,
 ) -> GpuEngine:
-    cfg = resolve_shape(shape)
+    """``model_dir`` set: that checkpoint (``shape`` is ignored); else ``shape`` with weights
+    drawn from ``seed``. Raises ValueError (``ModelDirError``) with one line naming the file."""
+    cfg = model_config(shape, model_dir)
     if profile.kv.bytes_per_token != cfg.kv_bytes_per_token and dtype == "bfloat16":
         raise ValueError(
             f"profile {profile.name}: kv.bytes_per_token {profile.kv.bytes_per_token} is not "
             f"the {cfg.kv_bytes_per_token} B of model shape {cfg.name}"
         )
-    runner = ModelRunner(cfg, runner_options(profile, device, dtype, seed, weights_dir))
+    runner = ModelRunner(cfg, runner_options(profile, device, dtype, seed, model_dir))
     return GpuEngine(runner, role, staging)

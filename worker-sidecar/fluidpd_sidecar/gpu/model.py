@@ -1,4 +1,5 @@
-"""The transformer: weights (seeded or safetensors) and the forward pass over the paged cache.
+"""The transformer: weights (seeded here; a model directory's in ``checkpoint``) and the forward
+pass over the paged cache.
 
 Weights are stored fused the way serving engines keep them (q|k|v in one matrix, gate|up in
 another) so that a step launches few GEMMs. Seeded weights are drawn layer by layer from one
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F  # noqa: N812 - the universal torch spelling
@@ -89,44 +89,6 @@ def seeded_weights(
     return Weights(embed, layers, ones(h), lm_head)
 
 
-def safetensors_weights(
-    cfg: ModelConfig, path: str | Path, device: torch.device, dtype: torch.dtype
-) -> Weights:
-    """Hugging Face Llama/Qwen3 checkpoint names, fused on load."""
-    from safetensors.torch import load_file  # noqa: PLC0415 - optional dependency
-
-    raw: dict[str, torch.Tensor] = {}
-    files = sorted(Path(path).glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors in {path}")
-    for f in files:
-        raw.update(load_file(str(f)))
-
-    def get(name: str) -> torch.Tensor:
-        return raw.pop(name).to(device=device, dtype=dtype)
-
-    layers = []
-    for i in range(cfg.layers):
-        p = f"model.layers.{i}."
-        a = p + "self_attn."
-        m = p + "mlp."
-        layers.append(
-            LayerWeights(
-                ln1=get(p + "input_layernorm.weight"),
-                wqkv=torch.cat([get(a + f"{x}_proj.weight") for x in "qkv"]),
-                q_norm=get(a + "q_norm.weight") if cfg.qk_norm else None,
-                k_norm=get(a + "k_norm.weight") if cfg.qk_norm else None,
-                wo=get(a + "o_proj.weight"),
-                ln2=get(p + "post_attention_layernorm.weight"),
-                w_gate_up=torch.cat([get(m + "gate_proj.weight"), get(m + "up_proj.weight")]),
-                w_down=get(m + "down_proj.weight"),
-            )
-        )
-    embed = get("model.embed_tokens.weight")
-    lm_head = embed if cfg.tie_embeddings or "lm_head.weight" not in raw else get("lm_head.weight")
-    return Weights(embed, layers, get("model.norm.weight"), lm_head)
-
-
 def rope_tables(
     cfg: ModelConfig, max_pos: int, device: torch.device, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -193,5 +155,11 @@ def attn_out_and_mlp(
     return torch.addmm(x, F.silu(gate) * up, lw.w_down.t())
 
 
+def head_logits(cfg: ModelConfig, w: Weights, x: torch.Tensor) -> torch.Tensor:
+    """The LM head's logits in the model's dtype."""
+    return F.linear(F.rms_norm(x, (cfg.hidden,), w.norm, cfg.rms_eps), w.lm_head)
+
+
 def final_logits(cfg: ModelConfig, w: Weights, x: torch.Tensor) -> torch.Tensor:
-    return F.linear(F.rms_norm(x, (cfg.hidden,), w.norm, cfg.rms_eps), w.lm_head).float()
+    """The LM head's logits in fp32 (what sampling reads)."""
+    return head_logits(cfg, w, x).float()

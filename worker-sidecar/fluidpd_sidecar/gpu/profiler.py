@@ -19,8 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from fluidpd_sidecar.gpu import wire
-from fluidpd_sidecar.gpu.engine import prompt_ids
 from fluidpd_sidecar.gpu.runner import ModelRunner, pin_host_memory
 from fluidpd_sidecar.transfer import KVDest
 from fluidpd_sidecar.transfer_shm import ShmTransfer
@@ -45,6 +46,13 @@ def quick_grid() -> Grid:
                 [16, 64], 2, 0.0)  # fmt: skip
 
 
+def bench_ids(n: int, vocab: int, seed: int = 0) -> list[int]:
+    """``n`` token ids drawn uniformly from a seeded generator: the prompts of measurements
+    (a step's time does not depend on which ids it computes). Never used to serve."""
+    g = torch.Generator().manual_seed(seed)
+    return [int(t) for t in torch.randint(0, vocab, (n,), generator=g).tolist()]
+
+
 def _timed(runner: ModelRunner, fn: Callable[[], Any], grid: Grid) -> float:
     fn()
     runner.sync()
@@ -64,7 +72,7 @@ def measure_prefill(runner: ModelRunner, grid: Grid, rid: int = 1) -> list[dict[
     for n in grid.prefill:
         if n > runner.opts.max_context:
             continue
-        ids = prompt_ids(rid, 0, n, runner.cfg.vocab)
+        ids = bench_ids(n, runner.cfg.vocab, rid)
 
         def once(ids: list[int] = ids) -> None:
             runner.prefill(rid, ids)
@@ -80,7 +88,7 @@ def measure_suffix(runner: ModelRunner, grid: Grid, rid: int = 2) -> list[dict[s
         for x in grid.suffix:
             if p + x > runner.opts.max_context:
                 continue
-            ids = prompt_ids(rid, 0, p + x, runner.cfg.vocab)
+            ids = bench_ids(p + x, runner.cfg.vocab, rid)
             runner.prefill(rid, ids[:p])
 
             def once(p: int = p, ids: list[int] = ids) -> None:

@@ -2,10 +2,13 @@
 
 ``prefill(rid, ids, start)`` computes positions [start, start+len(ids)) of one request on top
 of whatever KV it already holds (start = 0: a prompt or a prefix; start = p: the extend of a
-stolen suffix on imported KV) and returns the last position's logits. ``decode(rids, last)``
-runs one token for each request in the batch. On CUDA the decode step replays a CUDA graph
-captured per batch-size bucket (``capture``); every input lives in static buffers, and the
-attention kernel reads lengths and page tables from them, so one graph serves any lengths.
+stolen suffix on imported KV) and returns the last position's logits. ``step(rids, last)``
+runs one token for each request in the batch and leaves its logits (``logits(n)``, fp32) and
+their argmax (``greedy(n)``) in static buffers; ``decode`` is the two together. On CUDA the
+decode step replays a CUDA graph captured per batch-size bucket (``capture``); every input
+lives in static buffers, and the attention kernel reads lengths and page tables from them, so
+one graph serves any lengths. The graph computes the argmax itself, so an all-greedy batch
+(the common case) costs one small copy to the host and no sampling kernels.
 """
 
 from __future__ import annotations
@@ -18,15 +21,16 @@ import numpy as np
 import torch
 
 from fluidpd_sidecar.gpu.attention import HAVE_TRITON, decode_attention, prefill_attention
+from fluidpd_sidecar.gpu.checkpoint import load_weights
 from fluidpd_sidecar.gpu.config import ModelConfig
 from fluidpd_sidecar.gpu.kvcache import SCRATCH_PAGE, PagedKVCache
 from fluidpd_sidecar.gpu.model import (
     Weights,
     attn_out_and_mlp,
     final_logits,
+    head_logits,
     qkv_projection,
     rope_tables,
-    safetensors_weights,
     seeded_weights,
 )
 
@@ -39,7 +43,8 @@ class RunnerOptions:
     device: str = "cuda"
     dtype: str = "bfloat16"
     seed: int = 0
-    weights_dir: str | None = None
+    #: A Hugging Face model directory to load the weights from (None: seeded weights).
+    model_dir: str | None = None
     kv_tokens: int = 65536
     page_size: int = 16
     max_context: int = 16384
@@ -62,10 +67,10 @@ class ModelRunner:
         self.device = torch.device(opts.device)
         self.dtype = getattr(torch, opts.dtype)
         t0 = time.perf_counter()
-        if opts.weights_dir:
-            self.weights: Weights = safetensors_weights(
-                cfg, opts.weights_dir, self.device, self.dtype
-            )
+        if opts.model_dir:
+            self.weights: Weights = load_weights(opts.model_dir, cfg, self.device, self.dtype)
+            if self.device.type == "cuda":  # the loader's unfused pieces (workers share a GPU)
+                torch.cuda.empty_cache()
         else:
             self.weights = seeded_weights(cfg, opts.seed, self.device, self.dtype)
         self.cache = PagedKVCache(cfg, opts.kv_tokens, opts.page_size, self.device, self.dtype)
@@ -87,6 +92,7 @@ class ModelRunner:
         self._table = torch.zeros(n, self.max_pages, dtype=torch.int32, device=dev)
         self._lens = torch.ones(n, dtype=torch.int32, device=dev)
         self._out = torch.zeros(n, dtype=torch.long, device=dev)
+        self._logits = torch.zeros(n, cfg.vocab, dtype=torch.float32, device=dev)
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.graph_stats = GraphStats()
         self.load_s = time.perf_counter() - t0
@@ -139,7 +145,9 @@ class ModelRunner:
             kp, vp = cache.layer(i)
             attn = decode_attention(q, kp, vp, table, lens, self.use_triton)
             x = attn_out_and_mlp(cfg, lw, x, attn)
-        self._out[:n] = final_logits(cfg, self.weights, x).argmax(-1)
+        logits = self._logits[:n]
+        logits.copy_(head_logits(cfg, self.weights, x))  # to fp32 in the copy
+        self._out[:n] = logits.argmax(-1)
 
     def _bucket(self, n: int) -> int:
         for b in self.buckets:
@@ -147,12 +155,25 @@ class ModelRunner:
                 return b
         raise ValueError(f"decode batch {n} exceeds max_batch {self.buckets[-1]}")
 
-    @torch.inference_mode()
     def decode(self, rids: list[int], last: list[int]) -> list[int]:
-        """One token for each request (``last``: its latest token); returns the new tokens."""
+        """One greedy token for each request (``last``: its latest token)."""
+        self.step(rids, last)
+        return self.greedy(len(rids))
+
+    def greedy(self, n: int) -> list[int]:
+        """The argmax tokens of the last step's first ``n`` rows."""
+        return [int(t) for t in self._out[:n].tolist()] if n else []
+
+    def logits(self, n: int) -> torch.Tensor:
+        """The last step's logits ``[n, vocab]`` fp32 (a view: valid until the next step)."""
+        return self._logits[:n]
+
+    @torch.inference_mode()
+    def step(self, rids: list[int], last: list[int]) -> None:
+        """One decode position for each request (``last``: its latest token)."""
         n = len(rids)
         if n == 0:
-            return []
+            return
         cache = self.cache
         b = self._bucket(n) if self._graphs else n
         page = cache.page_size
@@ -181,12 +202,13 @@ class ModelRunner:
             graph.replay()
         else:
             self._decode_body(b)
-        return [int(t) for t in self._out[:n].tolist()]
 
     @torch.inference_mode()
     def capture(self) -> float:
-        """Capture one decode graph per bucket (once; kept across role switches)."""
-        if not self.on_cuda or not self.opts.cuda_graphs or self._graphs:
+        """Capture one decode graph per bucket (once; kept across role switches). Not with the
+        reference decode attention (FLUIDPD_NO_TRITON=1): it reads lengths on the host, which
+        a graph cannot; decode then runs eagerly."""
+        if not self.on_cuda or not self.opts.cuda_graphs or self._graphs or not self.use_triton:
             return 0.0
         t0 = time.perf_counter()
         self._table.fill_(SCRATCH_PAGE)
