@@ -17,6 +17,7 @@ their log-probabilities.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -190,9 +191,29 @@ class RoleStatus(_Model):
     retiring: bool = False
 
 
-class PressureReport(Pressure):
-    """``GET /pressure``: the scheduler's pressure plus what the sidecar adds."""
+class PressureReport(_Model):
+    """``GET /pressure``: the scheduler's :class:`~fluidpd.core.scheduler.worker.Pressure`
+    (the same fields, checked by a test) plus what the sidecar adds."""
 
+    worker: str
+    role: Role
+    state: RoleState
+    target: Role | None = None
+    queue_ppi: float
+    #: PPI with decode-admission waiting excluded; what FluidRole reads.
+    attributable_ppi: float
+    queue_len: int
+    dpi_load: float
+    dpi_adm: float
+    batch: int
+    kv_used: int
+    kv_reserved: int
+    kv_capacity: int
+    steal_budget: float
+    drain_cost: float
+    #: Nothing left in flight on this worker (what a retiring worker waits for).
+    drained: bool = False
+    retiring: bool = False
     stolen_tokens: int = 0
     switches: int = 0
     #: The last completed switch: direction and drain start / finish (UNIX seconds).
@@ -201,3 +222,8 @@ class PressureReport(Pressure):
     last_switch_started: float = 0.0
     last_switch_finished: float = 0.0
     t: float = 0.0
+
+    @classmethod
+    def of(cls, pressure: Pressure, **sidecar: object) -> PressureReport:
+        """The wire form of the scheduler's pressure, with the sidecar's own fields."""
+        return cls.model_validate({**dataclasses.asdict(pressure), **sidecar})

@@ -25,7 +25,7 @@ import numpy as np
 from fluidpd.core.types import SLO, Request
 from fluidpd.replay.client import Outcome, ReplayResult, StatsSample
 from fluidpd.sim.metrics import p95_ttft_series, run_metrics, windowed_attainment
-from fluidpd.sim.report import _slug, series_key, write_results
+from fluidpd.sim.report import series_key, slug, write_results
 from fluidpd.sim.runner import RunOutput
 from fluidpd.sim.workloads import Workload
 
@@ -283,7 +283,7 @@ def series_path(out_dir: Path, record: Mapping[str, Any]) -> Path:
     """Where :func:`fluidpd.sim.report.write_results` puts a run's time series (same naming, so
     its private slug helper is reused rather than copied)."""
     workload, rps, policy = series_key(record)
-    return out_dir / "timeseries" / f"{_slug(Path(workload).stem)}_{rps:g}rps_{policy}.json"
+    return out_dir / "timeseries" / f"{slug(Path(workload).stem)}_{rps:g}rps_{policy}.json"
 
 
 def load_series(out_dir: Path, record: Mapping[str, Any]) -> dict[str, Any]:

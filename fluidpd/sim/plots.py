@@ -10,7 +10,6 @@ written and nothing is raised.
 from __future__ import annotations
 
 import math
-import re
 import textwrap
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -24,6 +23,8 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
+
+from fluidpd.sim.report import slug
 
 matplotlib.use("Agg")
 
@@ -141,10 +142,6 @@ def _workload_label(workload: str) -> str:
     if workload.endswith(".csv") or "/" in workload:
         return Path(workload).name
     return workload
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-") or "run"
 
 
 def _policy_handle(policy: str, marker: bool = True) -> Line2D:
@@ -649,6 +646,6 @@ def write_plots(
             edges_by.get(workload, ()),
         )
         if fig is not None:
-            name = f"timeseries_{_slug(Path(workload).stem)}_{rps:g}.png"
+            name = f"timeseries_{slug(Path(workload).stem)}_{rps:g}.png"
             written.append(_save(fig, out_dir / name))
     return written

@@ -14,7 +14,8 @@ from fluidpd.sim.runner import RunOutput
 from fluidpd.sim.summary import format_summary, summarize
 
 
-def _slug(text: str) -> str:
+def slug(text: str) -> str:
+    """A file-name-safe form of ``text`` (results, time series and plots are named with it)."""
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-") or "run"
 
 
@@ -44,7 +45,7 @@ def write_results(
             continue
         ts_dir.mkdir(exist_ok=True)
         workload, rps, policy = series_key(o.record)
-        name = f"{_slug(Path(workload).stem)}_{rps:g}rps_{policy}.json"
+        name = f"{slug(Path(workload).stem)}_{rps:g}rps_{policy}.json"
         (ts_dir / name).write_text(json.dumps(o.series) + "\n")
     (out_dir / "command.txt").write_text(command + "\n")
     return path

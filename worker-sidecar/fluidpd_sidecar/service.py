@@ -859,8 +859,8 @@ class SidecarService:
         now = time.time()
         p = self.worker.pressure(now, self.n_prefill)
         last = self._last_switch
-        return PressureReport(
-            **p.model_dump(),
+        return PressureReport.of(
+            p,
             stolen_tokens=self.worker.prefill.stolen_tokens,
             switches=self.switches,
             last_switch_from=last[0] if last else None,

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pydantic import BaseModel, ConfigDict
-
 from fluidpd.core.fluidrole import WorkerSignals
 from fluidpd.core.fluidtoken import FluidTokenConfig
 from fluidpd.core.predictors import OnlineCalibrator
@@ -19,10 +17,10 @@ from fluidpd.core.types import SLO, DrainMode, Role, RoleState
 Batch = PrefillBatch | DecodeBatch
 
 
-class Pressure(BaseModel):
-    """A worker's pressure report (what a sidecar serves at ``GET /pressure``, extended)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Pressure:
+    """A worker's pressure (the sidecar serves it, extended, as the wire type
+    ``fluidpd.api.internal.PressureReport``; the core holds no wire types)."""
 
     worker: str
     role: Role
