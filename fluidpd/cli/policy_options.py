@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from fluidpd.api import knobs
+from fluidpd.api.knobs import FLUIDROLE_KNOBS
 from fluidpd.cli.errors import UserError
 from fluidpd.cli.options import add_float, positive_int
 from fluidpd.core.fluidrole import FluidRoleConfig
@@ -25,40 +27,16 @@ def add_fluidtoken_options(g: Group) -> None:
 
 
 def add_fluidrole_options(g: Group) -> None:
-    add_float(g, "--ppi-low", 0.6, "FluidRole PPI low threshold", allow_zero=True)
-    add_float(g, "--ppi-high", 1.0, "FluidRole PPI high threshold")
-    add_float(g, "--dpi-load-high", 0.6, "FluidRole DPI_load threshold")
-    add_float(g, "--dpi-adm-high", 0.2, "FluidRole DPI_adm threshold", allow_zero=True)
-    add_float(g, "--interval", 1.0, "FluidRole control interval, s")
-    add_float(g, "--window", 10.0, "FluidRole PPI window, s")
-    g.add_argument(
-        "--n-persist",
-        type=positive_int,
-        default=3,
-        help="FluidRole switches only after pressure persists this many intervals (N_persist)",
-    )
-    add_float(g, "--cooldown", 5.0, "FluidRole cooldown, s", allow_zero=True)
-    add_float(
-        g, "--reversal-cooldown", 300.0, "cooldown before an opposite switch, s", allow_zero=True
-    )
-    g.add_argument(
-        "--drain-mode",
-        choices=[m.value for m in DrainMode],
-        default=DrainMode.MIGRATE.value,
-        help="D->P drain: migrate active requests (default) or wait for them (paper)",
-    )
-    g.add_argument(
-        "--min-prefill",
-        type=positive_int,
-        default=1,
-        help="FluidRole never leaves fewer prefill workers than this",
-    )
-    g.add_argument(
-        "--min-decode",
-        type=positive_int,
-        default=1,
-        help="FluidRole never leaves fewer decode workers than this",
-    )
+    """One option per FluidRole knob (``fluidpd/api/knobs.py``), with the core's defaults."""
+    for k in FLUIDROLE_KNOBS:
+        if k.kind is float:
+            add_float(g, k.flag, k.default, k.help, allow_zero=k.zero_ok)
+        elif k.kind is int:
+            g.add_argument(k.flag, type=positive_int, default=k.default, help=k.help)
+        else:  # the drain mode
+            g.add_argument(
+                k.flag, choices=[m.value for m in DrainMode], default=k.default.value, help=k.help
+            )
 
 
 def slo_config(args: argparse.Namespace) -> SLO:
@@ -79,31 +57,14 @@ def fluidtoken_config(args: argparse.Namespace, enabled: bool = True) -> FluidTo
 
 def fluidrole_config(args: argparse.Namespace) -> FluidRoleConfig:
     try:
-        return FluidRoleConfig(
-            ppi_low=args.ppi_low,
-            ppi_high=args.ppi_high,
-            dpi_load_high=args.dpi_load_high,
-            dpi_adm_high=args.dpi_adm_high,
-            interval_s=args.interval,
-            window_s=args.window,
-            n_persist=args.n_persist,
-            cooldown_s=args.cooldown,
-            reversal_cooldown_s=args.reversal_cooldown,
-            min_prefill=args.min_prefill,
-            min_decode=args.min_decode,
-            drain_mode=DrainMode(args.drain_mode),
-        )
+        return knobs.fluidrole_config({k.field: getattr(args, k.dest) for k in FLUIDROLE_KNOBS})
     except ValueError as exc:
         raise UserError(str(exc)) from None
 
 
 def fluidrole_argv(args: argparse.Namespace) -> list[str]:
     """The FluidRole options as command-line arguments (to start a controller process)."""
-    names = (
-        "ppi_low", "ppi_high", "dpi_load_high", "dpi_adm_high", "interval", "window",
-        "n_persist", "cooldown", "reversal_cooldown", "drain_mode", "min_prefill", "min_decode",
-    )  # fmt: skip
     argv: list[str] = []
-    for name in names:
-        argv += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
+    for k in FLUIDROLE_KNOBS:
+        argv += [k.flag, str(getattr(args, k.dest))]
     return argv

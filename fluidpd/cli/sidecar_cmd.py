@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
+from fluidpd.api.commands import ENGINES, TRANSFERS
 from fluidpd.cli.errors import UserError
 from fluidpd.cli.options import (
     GPU_HELP,
@@ -34,9 +35,6 @@ from fluidpd.profiles import resolve_profile
 if TYPE_CHECKING:
     from fluidpd_sidecar.transfer_mooncake import MooncakeTransfer
     from fluidpd_sidecar.transfer_shm import ShmTransfer
-
-ENGINES = ("sim", "gpu")
-TRANSFERS = ("sim", "mooncake", "shm")
 
 
 def add_parser(sub: Any) -> None:

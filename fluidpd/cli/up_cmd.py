@@ -22,6 +22,14 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from fluidpd.api.commands import (
+    ENGINES,
+    TRANSFERS,
+    GpuEngineArgs,
+    ModelRef,
+    SidecarCommand,
+    SimEngineArgs,
+)
 from fluidpd.cli.errors import UserError
 from fluidpd.cli.options import (
     GPU_HELP,
@@ -91,14 +99,14 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument(
         "--kv-transfer",
-        choices=("sim", "mooncake", "shm"),
+        choices=TRANSFERS,
         default="sim",
         help="KV hand-off: modelled time, real bytes over mooncake's TCP transport, or real "
         "bytes through shared memory (one host); the gpu engine needs mooncake or shm",
     )
     p.add_argument(
         "--engine",
-        choices=("sim", "gpu"),
+        choices=ENGINES,
         default="sim",
         help="sim: profile-timed steps; gpu: the torch transformer (--device: one device for "
         "every worker, or a comma-separated list, worker i on entry i mod its length, e.g. "
@@ -212,7 +220,12 @@ def run(args: argparse.Namespace) -> int:
     profile = resolve_profile(args.model, args.gpu, args.profile)
     slo_config(args), fluidtoken_config(args), fluidrole_config(args)  # validate before starting
     model_dir = load_model_dir_option(args)
-    dir_args = ["--model-dir", str(model_dir.path.resolve())] if args.model_dir else []
+    model = ModelRef(
+        args.model,
+        args.gpu,
+        args.profile,
+        str(model_dir.path.resolve()) if args.model_dir else None,
+    )
     if args.engine == "gpu" and args.kv_transfer == "sim":
         raise UserError("--kv-transfer: the gpu engine hands off real KV; use shm or mooncake")
     devices = [d.strip() for d in args.device.split(",") if d.strip()]
@@ -229,10 +242,6 @@ def run(args: argparse.Namespace) -> int:
     token = args.admin_token or secrets.token_urlsafe(16)
     env = {**os.environ, "FLUIDPD_ADMIN_TOKEN": token}
     mech = MECHANISMS[args.policy]
-    model_args = (
-        ["--profile", args.profile] if args.profile else ["--model", args.model, "--gpu", args.gpu]
-    )
-    slo_args = ["--ttft-slo", str(args.ttft_slo), "--tpot-slo", str(args.tpot_slo)]
     stack = Stack(run_dir)
     stopping = False
 
@@ -247,33 +256,35 @@ def run(args: argparse.Namespace) -> int:
         for i, port in enumerate(ports):
             wid = f"w{i}"
             role = "prefill" if i < n_prefill else "decode"
-            argv = [
-                "sidecar", "--id", wid, "--role", role, "--host", args.host, "--port", str(port),
-                *model_args, *slo_args, "--eta", str(args.eta),
-                "--token-dpi-load-high", str(args.token_dpi_load_high),
-                "--noise", str(args.noise), "--drift", str(args.drift),
-                "--seed", str(args.seed + i),
-            ]  # fmt: skip
-            argv += dir_args
-            if args.force_steal is not None:
-                argv += ["--force-steal", str(args.force_steal)]
-            if not mech.fluidtoken:
-                argv.append("--no-fluidtoken")
-            if args.adaptive:
-                argv.append("--adaptive")
-            argv += ["--kv-transfer", args.kv_transfer, "--kv-arena-mib", str(args.kv_arena_mib)]
-            if args.engine == "gpu":
-                argv += [
-                    "--engine", "gpu", "--engine-model", args.gpu_model,
-                    "--device", devices[i % len(devices)],
-                    "--dtype", args.dtype, "--weight-seed", str(args.weight_seed),
-                ]  # fmt: skip
+            sidecar = SidecarCommand(
+                worker_id=wid,
+                role=role,
+                host=args.host,
+                port=port,
+                model=model,
+                ttft_slo=args.ttft_slo,
+                tpot_slo=args.tpot_slo,
+                eta=args.eta,
+                token_dpi_load_high=args.token_dpi_load_high,
+                engine=args.engine,
+                kv_transfer=args.kv_transfer,
+                kv_arena_mib=args.kv_arena_mib,
+                fluidtoken=mech.fluidtoken,
+                adaptive=args.adaptive,
+                force_steal=args.force_steal,
+                sim=SimEngineArgs(args.noise, args.drift, args.seed + i),
+                gpu=GpuEngineArgs(
+                    args.gpu_model, devices[i % len(devices)], args.dtype, args.weight_seed
+                )
+                if args.engine == "gpu"
+                else None,
+            )
+            argv = ["sidecar", *sidecar.argv()]
             stack.start(wid, argv, env)
             workers.append(f"{wid}=http://{args.host}:{port}")
         router = [
-            "router", "--host", args.host, "--port", str(args.port), *model_args,
+            "router", "--host", args.host, "--port", str(args.port), *model.argv(),
             "--pairing", args.pairing, "--first-token-timeout", str(args.first_token_timeout),
-            *dir_args,
         ]  # fmt: skip
         for w in workers:
             router += ["--worker", w]

@@ -23,7 +23,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from fluidpd.cli.sidecar_cmd import ENGINES as SIDECAR_ENGINES
+from fluidpd.api.commands import ENGINES as SIDECAR_ENGINES
 from fluidpd.controller.loop import (
     ControllerEvent,
     FluidRoleController,

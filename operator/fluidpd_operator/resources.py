@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from fluidpd.api.commands import ModelRef, SidecarCommand
 from fluidpd.core.types import Role
 from fluidpd_operator.spec import DeploymentSpec
 
@@ -142,39 +143,34 @@ def _model_volumes(spec: DeploymentSpec) -> tuple[list[dict[str, Any]], list[dic
     return volumes, mounts
 
 
-def _model_args(spec: DeploymentSpec) -> list[str]:
+def _model(spec: DeploymentSpec) -> ModelRef:
     """How workers and routers find the model: the mounted profile or the shipped one, and the
     mounted model directory."""
-    if spec.model.profile_config_map:
-        args = ["--profile", f"{PROFILE_DIR}/profile.yaml"]
-    else:
-        args = ["--model", spec.model.name, "--gpu", spec.model.gpu]
-    if spec.model.source is not None:
-        args += ["--model-dir", MODEL_DIR]
-    return args
+    m = spec.model
+    profile = f"{PROFILE_DIR}/profile.yaml" if m.profile_config_map else None
+    return ModelRef(m.name, m.gpu, profile, MODEL_DIR if m.source is not None else None)
 
 
-def sidecar_args(spec: DeploymentSpec) -> list[str]:
+def sidecar_command(spec: DeploymentSpec) -> SidecarCommand:
     """The worker sidecar's command line; ``$(VAR)`` refers to the container's env."""
-    port = str(spec.engine.port)
-    args = [
-        "--id", "$(POD_NAME)",
-        "--role", "$(FLUIDPD_ROLE)",
-        "--host", "$(POD_IP)",
-        "--port", port,
-        "--url", f"http://$(POD_IP):{port}",
-        "--engine", spec.engine.backend,
-        "--kv-transfer", spec.engine.transfer(),
-        "--ttft-slo", str(spec.slo.ttft_seconds),
-        "--tpot-slo", str(spec.slo.tpot_seconds),
-        "--eta", str(spec.fluid_token.eta),
-        "--token-dpi-load-high", str(spec.fluid_token.dpi_load_high),
-        "--log-level", "info",
-    ]  # fmt: skip
-    args += _model_args(spec)
-    if not spec.fluid_token.enabled:
-        args.append("--no-fluidtoken")
-    return [*args, *spec.engine.args]
+    port = spec.engine.port
+    return SidecarCommand(
+        worker_id="$(POD_NAME)",
+        role="$(FLUIDPD_ROLE)",
+        host="$(POD_IP)",
+        port=port,
+        url=f"http://$(POD_IP):{port}",
+        model=_model(spec),
+        ttft_slo=spec.slo.ttft_seconds,
+        tpot_slo=spec.slo.tpot_seconds,
+        eta=spec.fluid_token.eta,
+        token_dpi_load_high=spec.fluid_token.dpi_load_high,
+        engine=spec.engine.backend,
+        kv_transfer=spec.engine.transfer(),
+        fluidtoken=spec.fluid_token.enabled,
+        log_level="info",
+        extra=tuple(spec.engine.args),
+    )
 
 
 def worker_pod(
@@ -186,7 +182,7 @@ def worker_pod(
         "name": "sidecar",
         "image": spec.engine.image or image,
         "command": ["fluidpd", "sidecar"],
-        "args": sidecar_args(spec),
+        "args": sidecar_command(spec).argv(),
         "env": env,
         "ports": [{"name": "http", "containerPort": spec.engine.port, "protocol": "TCP"}],
         "readinessProbe": _probe("/readyz", 2, 3),
@@ -248,7 +244,7 @@ def router_deployment(owner: dict[str, Any], spec: DeploymentSpec, image: str) -
     args = [
         "--host", "$(POD_IP)",
         "--port", str(port),
-        *_model_args(spec),
+        *_model(spec).argv(),
         "--log-level", "info",
     ]  # fmt: skip
     container: dict[str, Any] = {

@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from fluidpd.api import knobs
+from fluidpd.api.knobs import FLUIDROLE_KNOBS
 from fluidpd.core.fallback import FallbackConfig
 from fluidpd.core.fluidrole import FluidRoleConfig
 from fluidpd.core.types import DrainMode
@@ -169,22 +171,11 @@ class DeploymentSpec(_Spec):
         return max(self.min_prefill, min(wanted, self.workers - self.min_decode))
 
     def fluidrole_config(self) -> FluidRoleConfig:
-        r = self.fluid_role
-        return FluidRoleConfig(
-            enabled=r.enabled,
-            ppi_low=r.ppi_low,
-            ppi_high=r.ppi_high,
-            dpi_load_high=r.dpi_load_high,
-            dpi_adm_high=r.dpi_adm_high,
-            interval_s=r.interval_seconds,
-            window_s=r.window_seconds,
-            n_persist=r.n_persist,
-            cooldown_s=r.cooldown_seconds,
-            reversal_cooldown_s=r.reversal_cooldown_seconds,
-            min_prefill=self.min_prefill,
-            min_decode=self.min_decode,
-            drain_mode=r.drain_mode,
-        )
+        """The core's config, mapped by the knob table's CRD keys (``fluidpd/api/knobs.py``)."""
+        top = self.model_dump(by_alias=True)
+        role = top["fluidRole"]
+        values = {k.field: (top if k.top_level else role)[k.crd] for k in FLUIDROLE_KNOBS}
+        return knobs.fluidrole_config(values, enabled=self.fluid_role.enabled)
 
     def fallback_config(self) -> FallbackConfig:
         a = self.autoscaling
