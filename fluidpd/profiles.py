@@ -1,4 +1,5 @@
-"""Find, read and validate model x GPU profiles (YAML files under ``profiles/``).
+"""Find, read and validate model x GPU profiles (YAML files; the calibrated ones ship in
+``fluidpd/shipped_profiles/``).
 
 ``fluidpd.core.profile`` defines the schema and does no I/O. File access lives here, and every
 failure (missing file, bad YAML, schema violation) becomes a one-line :class:`ProfileError` that
@@ -26,6 +27,8 @@ __all__ = [
 ]
 
 PROFILES_DIR_ENV = "FLUIDPD_PROFILES_DIR"
+#: The calibrated profiles shipped in the package (package data).
+SHIPPED_PROFILES = Path(__file__).resolve().parent / "shipped_profiles"
 
 # Long reprs of bad values would swamp the one-line message.
 _MAX_VALUE_REPR = 60
@@ -39,13 +42,14 @@ def profiles_dir() -> Path:
     """The directory holding ``<model>-<gpu>.yaml`` profiles.
 
     ``$FLUIDPD_PROFILES_DIR`` lets experiments point at their own calibrations without editing
-    the shipped ones. Otherwise the directory is ``profiles/`` at the repository root (the parent
-    of the ``fluidpd`` package directory).
+    the shipped ones. Otherwise they are the package's data, ``fluidpd/shipped_profiles/``, so an
+    installed wheel finds them as a checkout does (``profiles/`` at the repository root links
+    there, for paths such as ``--profile profiles/llama-3.1-8b-h200.yaml``).
     """
     override = os.environ.get(PROFILES_DIR_ENV, "").strip()
     if override:
         return Path(override).expanduser()
-    return Path(__file__).resolve().parent.parent / "profiles"
+    return SHIPPED_PROFILES
 
 
 def available_profiles() -> list[str]:

@@ -24,7 +24,8 @@ from fluidpd.profiles import (
     resolve_profile,
 )
 
-SHIPPED_DIR = Path(fluidpd.__file__).resolve().parent.parent / "profiles"
+REPO = Path(fluidpd.__file__).resolve().parent.parent
+SHIPPED_DIR = REPO / "fluidpd" / "shipped_profiles"
 SHIPPED = sorted(path.stem for path in SHIPPED_DIR.glob("*.yaml"))
 # Profiles measured on our gpu engine by `fluidpd profile` (issue #5): their coefficients are
 # fits to measurements, not calibrations from public figures, so the paper-setting plausibility
@@ -182,7 +183,7 @@ def test_measured_profile_matches_its_report(stem: str) -> None:
     the mean relative errors the report holds."""
     profile = _shipped(stem)
     report = json.loads(
-        (SHIPPED_DIR.parent / "results" / "gpu" / f"profile-{stem}.json").read_text()
+        (REPO / "results" / "gpu" / f"profile-{stem}.json").read_text()
     )
     pre = fit_quadratic(*(np.array([r[k] for r in report["prefill"]]) for k in ("tokens", "s")))
     assert profile.prefill.c1_ms_per_token == pytest.approx(pre.coef[1] * 1e3)
@@ -198,7 +199,7 @@ def test_measured_profile_matches_its_report(stem: str) -> None:
 def test_llama_8b_h200_profile_meets_the_papers_error_bound() -> None:
     """Issue #5: the 8B profile's predictors are within 10% mean relative error (paper: 2-10%)."""
     report = json.loads(
-        (SHIPPED_DIR.parent / "results" / "gpu" / "profile-llama-3.1-8b-h200.json").read_text()
+        (REPO / "results" / "gpu" / "profile-llama-3.1-8b-h200.json").read_text()
     )
     assert max(report["mre"].values()) <= 0.10
 
