@@ -1,9 +1,17 @@
-"""Whether a process is still running: for the local stack's orphan checks and the shm
-transport's sweep of arenas that SIGKILLed sidecars left behind."""
+"""Processes: whether one is still running (the local stack's orphan checks, the shm transport's
+sweep of arenas that SIGKILLed sidecars left behind), children that die with their launcher,
+and waiting for a child's HTTP endpoint to answer."""
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
+import ssl
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 
@@ -22,3 +30,58 @@ def alive(pid: int) -> bool:
         return False
     # The state follows the command name, which may itself hold spaces and parentheses.
     return text.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+# -- child processes of a launcher --------------------------------------------------------------
+# `fluidpd up`, the drills' local stack and the e2e harness's kubelet all start children that
+# must not outlive them, and all wait for a child's HTTP endpoint to answer: one way each.
+
+_PR_SET_PDEATHSIG = 1
+
+try:
+    _LIBC: ctypes.CDLL | None = ctypes.CDLL("libc.so.6", use_errno=True)
+except OSError:  # not glibc Linux: children then outlive a SIGKILLed parent
+    _LIBC = None
+
+
+def die_with_parent(sig: signal.Signals = signal.SIGTERM) -> Callable[[], None]:
+    """A ``preexec_fn`` that makes the child get ``sig`` when the spawning thread dies, however
+    it dies (Linux parent-death signal). Only a call into the already-loaded libc, so it is safe
+    in a process that has threads."""
+
+    def hook() -> None:
+        if _LIBC is not None:
+            _LIBC.prctl(_PR_SET_PDEATHSIG, sig)
+
+    return hook
+
+
+def http_ok(
+    url: str,
+    timeout: float = 1.0,
+    headers: Mapping[str, str] | None = None,
+    context: ssl.SSLContext | None = None,
+) -> bool:
+    """One GET: did ``url`` answer 200? Refused, reset and timed-out connections are a no."""
+    request = urllib.request.Request(url, headers=dict(headers or {}))
+    try:
+        with urllib.request.urlopen(request, timeout=timeout, context=context) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def wait_http(
+    url: str,
+    timeout: float,
+    headers: Mapping[str, str] | None = None,
+    context: ssl.SSLContext | None = None,
+) -> bool:
+    """Poll ``url`` until it answers 200 (True) or ``timeout`` seconds pass (False)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if http_ok(url, 1.0, headers, context):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.2)

@@ -182,9 +182,7 @@ def test_measured_profile_matches_its_report(stem: str) -> None:
     """The fit in the profile is the one its committed measurements give, and the notes say
     the mean relative errors the report holds."""
     profile = _shipped(stem)
-    report = json.loads(
-        (REPO / "results" / "gpu" / f"profile-{stem}.json").read_text()
-    )
+    report = json.loads((REPO / "results" / "gpu" / f"profile-{stem}.json").read_text())
     pre = fit_quadratic(*(np.array([r[k] for r in report["prefill"]]) for k in ("tokens", "s")))
     assert profile.prefill.c1_ms_per_token == pytest.approx(pre.coef[1] * 1e3)
     dec = fit_decode(
@@ -198,9 +196,7 @@ def test_measured_profile_matches_its_report(stem: str) -> None:
 
 def test_llama_8b_h200_profile_meets_the_papers_error_bound() -> None:
     """Issue #5: the 8B profile's predictors are within 10% mean relative error (paper: 2-10%)."""
-    report = json.loads(
-        (REPO / "results" / "gpu" / "profile-llama-3.1-8b-h200.json").read_text()
-    )
+    report = json.loads((REPO / "results" / "gpu" / "profile-llama-3.1-8b-h200.json").read_text())
     assert max(report["mre"].values()) <= 0.10
 
 

@@ -26,8 +26,6 @@ import ssl
 import subprocess
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -39,6 +37,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from fluidpd.procs import http_ok
 from harness import procs
 from harness.binaries import ensure_binaries
 
@@ -479,12 +478,4 @@ class ControlPlane:
         context = ssl.create_default_context(cafile=str(self.ca_file)) if auth else None
         headers: Mapping[str, str] = {"Authorization": f"Bearer {self.token}"} if auth else {}
 
-        def ok() -> bool:
-            request = urllib.request.Request(url, headers=dict(headers))
-            try:
-                with urllib.request.urlopen(request, timeout=2.0, context=context) as resp:
-                    return bool(resp.status == 200)
-            except (urllib.error.URLError, OSError):
-                return False
-
-        self._wait(name, ok, t0)
+        self._wait(name, lambda: http_ok(url, 2.0, headers, context), t0)

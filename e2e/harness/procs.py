@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import subprocess
@@ -13,21 +12,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-_PR_SET_PDEATHSIG = 1
-
-try:
-    _LIBC: ctypes.CDLL | None = ctypes.CDLL("libc.so.6", use_errno=True)
-except OSError:  # not glibc Linux: children then outlive a SIGKILLed parent
-    _LIBC = None
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: SIGKILL when the spawning thread dies, however it dies.
-
-    Only a call into the already-loaded libc, so it is safe in a process that has threads.
-    """
-    if _LIBC is not None:
-        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+from fluidpd.procs import die_with_parent
 
 
 def spawn(
@@ -51,7 +36,7 @@ def spawn(
             env=dict(env) if env is not None else None,
             cwd=cwd,
             start_new_session=True,
-            preexec_fn=_die_with_parent,  # noqa: PLW1509
+            preexec_fn=die_with_parent(signal.SIGKILL),  # noqa: PLW1509
         )
 
 

@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import os
 import secrets
 import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +50,7 @@ from fluidpd.cli.policy_options import (
     fluidtoken_config,
     slo_config,
 )
+from fluidpd.procs import die_with_parent, wait_http
 from fluidpd.profiles import resolve_profile
 from fluidpd.sim.policies import MECHANISMS, parse_pd
 
@@ -158,25 +156,6 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def _die_with_parent() -> None:
-    """In the child: get SIGTERM when the parent dies, however it dies."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-def _wait_http(url: str, deadline: float) -> bool:
-    while time.time() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=1.0) as resp:
-                if resp.status == 200:
-                    return True
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(0.2)
-    return False
-
-
 class Stack:
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
@@ -192,7 +171,7 @@ class Stack:
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
-            preexec_fn=_die_with_parent,  # noqa: PLW1509
+            preexec_fn=die_with_parent(signal.SIGTERM),  # noqa: PLW1509
         )
         (self.run_dir / f"{name}.pid").write_text(f"{proc.pid}\n")
         self.procs.append((name, proc))
@@ -291,8 +270,8 @@ def run(args: argparse.Namespace) -> int:
         stack.start("router", router, env)
         endpoint = f"http://{args.host}:{args.port}"
         deadline = time.time() + args.ready_timeout
-        ready = all(_wait_http(f"{w.split('=', 1)[1]}/healthz", deadline) for w in workers)
-        ready = ready and _wait_http(f"{endpoint}/healthz", deadline)
+        urls = [f"{w.split('=', 1)[1]}/healthz" for w in workers] + [f"{endpoint}/healthz"]
+        ready = all(wait_http(url, max(0.0, deadline - time.time())) for url in urls)
         if not ready or stack.dead():
             raise UserError(f"the stack did not come up; see the logs in {run_dir}")
         if mech.fluidrole:

@@ -9,10 +9,10 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from types import TracebackType
 
+from fluidpd import procs
 from fluidpd.procs import alive
 
 
@@ -35,15 +35,8 @@ def free_port_block(n: int) -> int:
 
 
 def wait_http(url: str, timeout: float) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=1) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.2)
-    raise TimeoutError(f"{url} did not answer within {timeout:g} s")
+    if not procs.wait_http(url, timeout):
+        raise TimeoutError(f"{url} did not answer within {timeout:g} s")
 
 
 class LocalStack:
