@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -223,384 +224,218 @@ def _quantiles(metric: str, sel: str, by: str = "") -> list[tuple[str, str]]:
 
 
 PERCENT = {"min": 0, "max": 1}
+#: A stat panel's value: the last one in range.
+LAST = {"reduceOptions": {"calcs": ["lastNotNull"]}}
+THRESHOLDS_ATTAINMENT = {
+    "mode": "absolute",
+    "steps": [
+        {"color": "red", "value": None},
+        {"color": "orange", "value": 0.8},
+        {"color": "green", "value": 0.9},
+    ],
+}
+THRESHOLDS_ANY = {
+    "mode": "absolute",
+    "steps": [{"color": "green", "value": None}, {"color": "red", "value": 1}],
+}
+#: The state-timeline's values: 0 prefill, 1 decode; + 2 while the worker drains or switches.
+ROLE_STATES = {
+    "0": {"text": "prefill", "color": "blue", "index": 0},
+    "1": {"text": "decode", "color": "green", "index": 1},
+    "2": {"text": "prefill (draining)", "color": "orange", "index": 2},
+    "3": {"text": "decode (draining)", "color": "orange", "index": 3},
+}
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One row of a dashboard's table: what ``Board.panel`` lays out."""
+
+    kind: str
+    title: str
+    targets: list[tuple[str, str]]
+    w: int = 12
+    h: int = 8
+    unit: str = "short"
+    description: str = ""
+    defaults: dict[str, Any] | None = None
+    options: dict[str, Any] | None = None
+
+
+def ts(title: str, targets: list[tuple[str, str]], w: int = 12, **kw: Any) -> Panel:
+    return Panel("timeseries", title, targets, w, **kw)
+
+
+def stat(title: str, targets: list[tuple[str, str]], w: int, **kw: Any) -> Panel:
+    return Panel("stat", title, targets, w, 5, options=kw.pop("options", LAST), **kw)
+
+
+def per_worker(*series: tuple[str, str]) -> list[tuple[str, str]]:
+    """One line per selected worker for each (metric, legend suffix)."""
+    return [(f"{m}{{{WSEL}}}", "{{worker}}" + (f" {s}" if s else "")) for m, s in series]
+
+
+def rate_by(by: str, metric: str, sel: str = WSEL, window: str = "$__rate_interval") -> str:
+    return f"sum by ({by}) (rate({metric}{{{sel}}}[{window}]))"
+
+
+def increase_by(by: str, metric: str, sel: str, window: str) -> str:
+    return f"sum by ({by}) (increase({metric}{{{sel}}}[{window}]))"
+
+
+def _with_target(metric: str, slo: str) -> list[tuple[str, str]]:
+    target = (f'max(fluidpd_slo_target_seconds{{{SEL}, slo="{slo}"}})', "target")
+    return [*_quantiles(metric, WSEL), target]
+
+
+_ATTAINMENT = "Share of finished requests within the worker's target, counted per request by \
+the decode sidecar (fluidpd_slo_requests_total)."
+_ROLE_STATE = (
+    f'max by (worker) (fluidpd_worker_role{{{WSEL}, role="decode"}})'
+    f' + 2 * max by (worker) (fluidpd_worker_role{{{WSEL}, state!="active"}} * 0 + 1)'
+    f' or max by (worker) (fluidpd_worker_role{{{WSEL}, role="decode"}})'
+)
+_KV_SHARE = (
+    f"(fluidpd_kv_used_tokens{{{WSEL}}} + fluidpd_kv_reserved_tokens{{{WSEL}}})"
+    f" / fluidpd_kv_capacity_tokens{{{WSEL}}}"
+)
+
+#: Rows are titles; everything else a panel, laid out left to right, 24 columns a line.
+SLO_PANELS: list[str | Panel] = [
+    "SLO attainment",
+    *[
+        stat(f"{title}, dashboard range", [(_ratio(slo, "$__range"), slo)], 5,
+             unit="percentunit", description=_ATTAINMENT,
+             defaults={**PERCENT, "thresholds": THRESHOLDS_ATTAINMENT},
+             options={**LAST, "colorMode": "background"})
+        for slo, title in (("all", "SLO attainment (TTFT and TPOT)"), ("ttft", "TTFT attainment"),
+                           ("tpot", "TPOT attainment"))
+    ],
+    stat("SLO targets", [(f"max by (slo) (fluidpd_slo_target_seconds{{{SEL}}})", "{{slo}}")], 4,
+         unit="s"),
+    stat("Requests finished, dashboard range",
+         [(f'sum(increase(fluidpd_slo_requests_total{{{SEL}, slo="all"}}[$__range]))', "finished")],
+         5),
+    ts("SLO attainment over $window", [(_ratio(s, "$window"), s) for s in ("all", "ttft", "tpot")],
+       24, unit="percentunit", defaults=PERCENT,
+       description="Attainment over a sliding window; the role-switch annotations mark "
+       "FluidRole's in-place switches."),
+    "Latency",
+    ts("TTFT percentiles (decode sidecars)", _with_target("fluidpd_ttft_seconds", "ttft"),
+       unit="s"),
+    ts("TPOT percentiles (decode sidecars)", _with_target("fluidpd_tpot_seconds", "tpot"),
+       unit="s"),
+    ts("TTFT at the router", _quantiles("fluidpd_router_ttft_seconds", SEL), 8, unit="s"),
+    ts("Prefill queueing time", _quantiles("fluidpd_queue_time_seconds", WSEL), 8, unit="s"),
+    ts("End-to-end latency", _quantiles("fluidpd_e2e_seconds", WSEL), 8, unit="s"),
+    "Prefill : decode split",
+    ts("Workers per role (P:D split)",
+       [(f"sum by (role) (fluidpd_worker_role{{{SEL}}})", "{{role}}")],
+       defaults={"custom": {"stacking": {"mode": "normal"}, "fillOpacity": 40}, "decimals": 0}),
+    Panel("state-timeline", "Role and state per worker", [(_ROLE_STATE, "{{worker}}")],
+          defaults={"mappings": [{"type": "value", "options": ROLE_STATES}],
+                    "color": {"mode": "thresholds"}}),
+    "Pressure",
+    ts("PPI per worker (queue, eq. 5)",
+       per_worker(("fluidpd_ppi", ""), ("fluidpd_ppi_attributable", "attributable")),
+       description="> 1: the worker's prefill queue is predicted to miss TTFT deadlines."),
+    ts("DPI per worker (load eq. 7, admission eq. 8)",
+       per_worker(("fluidpd_dpi_load", "load"), ("fluidpd_dpi_adm", "admission"))),
+    "Queues, KV, FluidToken",
+    ts("Queue length and running batch",
+       per_worker(("fluidpd_queue_length", "queue"), ("fluidpd_running_batch", "batch")), 8),
+    ts("KV usage (used + reserved) / capacity", [(_KV_SHARE, "{{worker}}")], 8,
+       unit="percentunit", defaults=PERCENT),
+    ts("KV hand-off rate", [(rate_by("worker", "fluidpd_kv_sent_bytes_total"), "{{worker}}")], 8,
+       unit="Bps"),
+    ts("Stolen prompt tokens (FluidToken), per second",
+       [(rate_by("worker", "fluidpd_stolen_tokens"), "{{worker}}")],
+       description="Prompt tokens a prefill worker's queue handed to decode workers as "
+       "suffixes (fluidpd_stolen_tokens is a running total)."),
+    ts("Advertised stealing budget (eq. 17)", per_worker(("fluidpd_steal_budget_tokens", ""))),
+    "Router",
+    ts("Requests by outcome",
+       [(rate_by("status", "fluidpd_router_requests_total", SEL), "HTTP {{status}}")],
+       unit="reqps"),
+    ts("In flight and re-paired",
+       [(f"sum(fluidpd_router_inflight{{{SEL}}})", "in flight"),
+        (f"sum(fluidpd_router_repairings{{{SEL}}})", "re-paired (total)")]),
+]  # fmt: skip
+
+CONTROLLER_PANELS: list[str | Panel] = [
+    "FluidRole decisions",
+    stat("Role switches, dashboard range",
+         [(f"sum(increase(fluidpd_role_switches_total{{{SEL}}}[$__range]))", "switches")], 6),
+    stat("NEEDS_CAPACITY intervals, dashboard range",
+         [("sum(increase(fluidpd_controller_decisions_total"
+           f'{{{CSEL}, decision="needs-capacity"}}[$__range]))', "needs-capacity")], 6,
+         description="Control intervals in which both phases were pressured: moving workers "
+         "between roles cannot help; the autoscaler fallback (or you) must add capacity.",
+         defaults={"thresholds": THRESHOLDS_ANY}, options={**LAST, "colorMode": "background"}),
+    stat("Switch in progress",
+         [(f"max(fluidpd_controller_switch_in_progress{{{CSEL}}})", "switching")], 6),
+    stat("Workers not Active (drain/switch)",
+         [(f'sum(fluidpd_worker_role{{{SEL}, state!="active"}}) or vector(0)', "not active")], 6),
+    ts("Decisions per control interval outcome",
+       [(increase_by("decision", "fluidpd_controller_decisions_total", CSEL, "$window"),
+         "{{decision}}")]),
+    ts("Controller events",
+       [(increase_by("kind", "fluidpd_controller_events_total", CSEL, "$window"), "{{kind}}")]),
+    "Switches",
+    ts("Completed switches per direction (sidecars)",
+       [(increase_by("source, target", "fluidpd_role_switches_total", SEL, "$window"),
+         "{{source}} -> {{target}}")]),
+    ts("Drain + switch time, dashboard range",
+       [(f"histogram_quantile({q}, sum by (le) "
+         f"(increase(fluidpd_drain_seconds_bucket{{{SEL}}}[$__range])))",
+         f"p{round(q * 100)} (sidecars)") for q in (0.5, 0.95)]
+       + [("histogram_quantile(0.95, sum by (le) "
+           f"(increase(fluidpd_controller_switch_seconds_bucket{{{CSEL}}}[$__range])))",
+           "p95 (controller)")],
+       unit="s"),
+    "Pool pressure and workers",
+    ts("Pool pressure the policy acted on (PPI-bar eq. 20, DPI-bar eqs. 21-22)",
+       [(f"max by (signal) (fluidpd_controller_pool_pressure{{{CSEL}}})", "{{signal}}")]),
+    ts("Workers answering the controller, by role",
+       [(f"sum by (role) (fluidpd_controller_workers{{{CSEL}}})", "{{role}}")],
+       defaults={"decimals": 0}),
+]  # fmt: skip
+
+
+def _board(table: list[str | Panel]) -> Board:
+    b = Board()
+    for item in table:
+        if isinstance(item, str):
+            b.row(item)
+            continue
+        extra: dict[str, Any] = {}
+        if item.defaults is not None:
+            extra["defaults"] = item.defaults
+        if item.options is not None:
+            extra["options"] = item.options
+        b.panel(item.kind, item.title, item.targets, w=item.w, h=item.h, unit=item.unit,
+                description=item.description, **extra)  # fmt: skip
+    return b
 
 
 def slo_dashboard() -> dict[str, Any]:
-    b = Board()
-    b.row("SLO attainment")
-    for slo, title in (
-        ("all", "SLO attainment (TTFT and TPOT)"),
-        ("ttft", "TTFT attainment"),
-        ("tpot", "TPOT attainment"),
-    ):
-        b.panel(
-            "stat",
-            f"{title}, dashboard range",
-            [(_ratio(slo, "$__range"), slo)],
-            w=5,
-            h=5,
-            unit="percentunit",
-            description="Share of finished requests within the worker's target, counted "
-            "per request by the decode sidecar (fluidpd_slo_requests_total).",
-            defaults={
-                **PERCENT,
-                "thresholds": {
-                    "mode": "absolute",
-                    "steps": [
-                        {"color": "red", "value": None},
-                        {"color": "orange", "value": 0.8},
-                        {"color": "green", "value": 0.9},
-                    ],
-                },
-            },
-            options={"reduceOptions": {"calcs": ["lastNotNull"]}, "colorMode": "background"},
-        )
-    b.panel(
-        "stat",
-        "SLO targets",
-        [(f"max by (slo) (fluidpd_slo_target_seconds{{{SEL}}})", "{{slo}}")],
-        w=4,
-        h=5,
-        unit="s",
-        options={"reduceOptions": {"calcs": ["lastNotNull"]}},
-    )
-    b.panel(
-        "stat",
-        "Requests finished, dashboard range",
-        [
-            (
-                f'sum(increase(fluidpd_slo_requests_total{{{SEL}, slo="all"}}[$__range]))',
-                "finished",
-            )
-        ],
-        w=5,
-        h=5,
-        options={"reduceOptions": {"calcs": ["lastNotNull"]}},
-    )
-    b.panel(
-        "timeseries",
-        "SLO attainment over $window",
-        [(_ratio(s, "$window"), s) for s in ("all", "ttft", "tpot")],
-        w=24,
-        unit="percentunit",
-        defaults=PERCENT,
-        description="Attainment over a sliding window; the role-switch annotations mark "
-        "FluidRole's in-place switches.",
-    )
-    b.row("Latency")
-    b.panel(
-        "timeseries",
-        "TTFT percentiles (decode sidecars)",
-        [
-            *_quantiles("fluidpd_ttft_seconds", WSEL),
-            (f'max(fluidpd_slo_target_seconds{{{SEL}, slo="ttft"}})', "target"),
-        ],
-        unit="s",
-    )
-    b.panel(
-        "timeseries",
-        "TPOT percentiles (decode sidecars)",
-        [
-            *_quantiles("fluidpd_tpot_seconds", WSEL),
-            (f'max(fluidpd_slo_target_seconds{{{SEL}, slo="tpot"}})', "target"),
-        ],
-        unit="s",
-    )
-    b.panel(
-        "timeseries",
-        "TTFT at the router",
-        _quantiles("fluidpd_router_ttft_seconds", SEL),
-        w=8,
-        unit="s",
-    )
-    b.panel(
-        "timeseries",
-        "Prefill queueing time",
-        _quantiles("fluidpd_queue_time_seconds", WSEL),
-        w=8,
-        unit="s",
-    )
-    b.panel(
-        "timeseries",
-        "End-to-end latency",
-        _quantiles("fluidpd_e2e_seconds", WSEL),
-        w=8,
-        unit="s",
-    )
-    b.row("Prefill : decode split")
-    b.panel(
-        "timeseries",
-        "Workers per role (P:D split)",
-        [(f"sum by (role) (fluidpd_worker_role{{{SEL}}})", "{{role}}")],
-        w=12,
-        defaults={"custom": {"stacking": {"mode": "normal"}, "fillOpacity": 40}, "decimals": 0},
-    )
-    b.panel(
-        "state-timeline",
-        "Role and state per worker",
-        [
-            # 0 prefill, 1 decode; + 2 while the worker drains or switches.
-            (
-                f'max by (worker) (fluidpd_worker_role{{{WSEL}, role="decode"}})'
-                f' + 2 * max by (worker) (fluidpd_worker_role{{{WSEL}, state!="active"}} * 0 + 1)'
-                f' or max by (worker) (fluidpd_worker_role{{{WSEL}, role="decode"}})',
-                "{{worker}}",
-            )
-        ],
-        w=12,
-        defaults={
-            "mappings": [
-                {
-                    "type": "value",
-                    "options": {
-                        "0": {"text": "prefill", "color": "blue", "index": 0},
-                        "1": {"text": "decode", "color": "green", "index": 1},
-                        "2": {"text": "prefill (draining)", "color": "orange", "index": 2},
-                        "3": {"text": "decode (draining)", "color": "orange", "index": 3},
-                    },
-                }
-            ],
-            "color": {"mode": "thresholds"},
-        },
-    )
-    b.row("Pressure")
-    b.panel(
-        "timeseries",
-        "PPI per worker (queue, eq. 5)",
-        [
-            (f"fluidpd_ppi{{{WSEL}}}", "{{worker}}"),
-            (f"fluidpd_ppi_attributable{{{WSEL}}}", "{{worker}} attributable"),
-        ],
-        w=12,
-        description="> 1: the worker's prefill queue is predicted to miss TTFT deadlines.",
-    )
-    b.panel(
-        "timeseries",
-        "DPI per worker (load eq. 7, admission eq. 8)",
-        [
-            (f"fluidpd_dpi_load{{{WSEL}}}", "{{worker}} load"),
-            (f"fluidpd_dpi_adm{{{WSEL}}}", "{{worker}} admission"),
-        ],
-        w=12,
-    )
-    b.row("Queues, KV, FluidToken")
-    b.panel(
-        "timeseries",
-        "Queue length and running batch",
-        [
-            (f"fluidpd_queue_length{{{WSEL}}}", "{{worker}} queue"),
-            (f"fluidpd_running_batch{{{WSEL}}}", "{{worker}} batch"),
-        ],
-        w=8,
-    )
-    b.panel(
-        "timeseries",
-        "KV usage (used + reserved) / capacity",
-        [
-            (
-                f"(fluidpd_kv_used_tokens{{{WSEL}}} + fluidpd_kv_reserved_tokens{{{WSEL}}})"
-                f" / fluidpd_kv_capacity_tokens{{{WSEL}}}",
-                "{{worker}}",
-            )
-        ],
-        w=8,
-        unit="percentunit",
-        defaults=PERCENT,
-    )
-    b.panel(
-        "timeseries",
-        "KV hand-off rate",
-        [
-            (
-                f"sum by (worker) (rate(fluidpd_kv_sent_bytes_total{{{WSEL}}}[$__rate_interval]))",
-                "{{worker}}",
-            )
-        ],
-        w=8,
-        unit="Bps",
-    )
-    b.panel(
-        "timeseries",
-        "Stolen prompt tokens (FluidToken), per second",
-        [
-            (
-                f"sum by (worker) (rate(fluidpd_stolen_tokens{{{WSEL}}}[$__rate_interval]))",
-                "{{worker}}",
-            )
-        ],
-        w=12,
-        description="Prompt tokens a prefill worker's queue handed to decode workers as "
-        "suffixes (fluidpd_stolen_tokens is a running total).",
-    )
-    b.panel(
-        "timeseries",
-        "Advertised stealing budget (eq. 17)",
-        [(f"fluidpd_steal_budget_tokens{{{WSEL}}}", "{{worker}}")],
-        w=12,
-    )
-    b.row("Router")
-    b.panel(
-        "timeseries",
-        "Requests by outcome",
-        [
-            (
-                f"sum by (status) (rate(fluidpd_router_requests_total{{{SEL}}}[$__rate_interval]))",
-                "HTTP {{status}}",
-            )
-        ],
-        w=12,
-        unit="reqps",
-    )
-    b.panel(
-        "timeseries",
-        "In flight and re-paired",
-        [
-            (f"sum(fluidpd_router_inflight{{{SEL}}})", "in flight"),
-            (f"sum(fluidpd_router_repairings{{{SEL}}})", "re-paired (total)"),
-        ],
-        w=12,
-    )
     return _dashboard(
         "fluidpd-slo",
         "FluidPD / SLO",
         "Per FluidPDDeployment: SLO attainment, latency percentiles, the P:D split with role "
         "switches, PPI/DPI, queues, KV and FluidToken.",
-        b,
+        _board(SLO_PANELS),
         worker=True,
     )
 
 
 def controller_dashboard() -> dict[str, Any]:
-    b = Board()
-    b.row("FluidRole decisions")
-    b.panel(
-        "stat",
-        "Role switches, dashboard range",
-        [(f"sum(increase(fluidpd_role_switches_total{{{SEL}}}[$__range]))", "switches")],
-        w=6,
-        h=5,
-        options={"reduceOptions": {"calcs": ["lastNotNull"]}},
-    )
-    b.panel(
-        "stat",
-        "NEEDS_CAPACITY intervals, dashboard range",
-        [
-            (
-                "sum(increase(fluidpd_controller_decisions_total"
-                f'{{{CSEL}, decision="needs-capacity"}}[$__range]))',
-                "needs-capacity",
-            )
-        ],
-        w=6,
-        h=5,
-        description="Control intervals in which both phases were pressured: moving workers "
-        "between roles cannot help; the autoscaler fallback (or you) must add capacity.",
-        defaults={
-            "thresholds": {
-                "mode": "absolute",
-                "steps": [{"color": "green", "value": None}, {"color": "red", "value": 1}],
-            }
-        },
-        options={"reduceOptions": {"calcs": ["lastNotNull"]}, "colorMode": "background"},
-    )
-    b.panel(
-        "stat",
-        "Switch in progress",
-        [(f"max(fluidpd_controller_switch_in_progress{{{CSEL}}})", "switching")],
-        w=6,
-        h=5,
-        options={"reduceOptions": {"calcs": ["lastNotNull"]}},
-    )
-    b.panel(
-        "stat",
-        "Workers not Active (drain/switch)",
-        [(f'sum(fluidpd_worker_role{{{SEL}, state!="active"}}) or vector(0)', "not active")],
-        w=6,
-        h=5,
-        options={"reduceOptions": {"calcs": ["lastNotNull"]}},
-    )
-    b.panel(
-        "timeseries",
-        "Decisions per control interval outcome",
-        [
-            (
-                "sum by (decision) (increase(fluidpd_controller_decisions_total"
-                f"{{{CSEL}}}[$window]))",
-                "{{decision}}",
-            )
-        ],
-        w=12,
-    )
-    b.panel(
-        "timeseries",
-        "Controller events",
-        [
-            (
-                f"sum by (kind) (increase(fluidpd_controller_events_total{{{CSEL}}}[$window]))",
-                "{{kind}}",
-            )
-        ],
-        w=12,
-    )
-    b.row("Switches")
-    b.panel(
-        "timeseries",
-        "Completed switches per direction (sidecars)",
-        [
-            (
-                "sum by (source, target) (increase(fluidpd_role_switches_total"
-                f"{{{SEL}}}[$window]))",
-                "{{source}} -> {{target}}",
-            )
-        ],
-        w=12,
-    )
-    b.panel(
-        "timeseries",
-        "Drain + switch time, dashboard range",
-        [
-            (
-                f"histogram_quantile({q}, sum by (le) "
-                f"(increase(fluidpd_drain_seconds_bucket{{{SEL}}}[$__range])))",
-                f"p{round(q * 100)} (sidecars)",
-            )
-            for q in (0.5, 0.95)
-        ]
-        + [
-            (
-                "histogram_quantile(0.95, sum by (le) "
-                f"(increase(fluidpd_controller_switch_seconds_bucket{{{CSEL}}}[$__range])))",
-                "p95 (controller)",
-            )
-        ],
-        w=12,
-        unit="s",
-    )
-    b.row("Pool pressure and workers")
-    b.panel(
-        "timeseries",
-        "Pool pressure the policy acted on (PPI-bar eq. 20, DPI-bar eqs. 21-22)",
-        [
-            (
-                f"max by (signal) (fluidpd_controller_pool_pressure{{{CSEL}}})",
-                "{{signal}}",
-            )
-        ],
-        w=12,
-    )
-    b.panel(
-        "timeseries",
-        "Workers answering the controller, by role",
-        [(f"sum by (role) (fluidpd_controller_workers{{{CSEL}}})", "{{role}}")],
-        w=12,
-        defaults={"decimals": 0},
-    )
     return _dashboard(
         "fluidpd-controller",
         "FluidPD / Controller",
         "The FluidRole controller: decisions, switches and their drain times, pool pressure, "
         "and NEEDS_CAPACITY (both phases pressured).",
-        b,
+        _board(CONTROLLER_PANELS),
         worker=False,
     )
 
