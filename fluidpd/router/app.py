@@ -28,6 +28,7 @@ from pydantic import BaseModel, Field, ValidationError
 from fluidpd import __version__
 from fluidpd.api.sampling import SamplingParams
 from fluidpd.core.pairing import LeastLoadedPairing, Pairing, RoundRobinPairing
+from fluidpd.core.signals import allocatable_kv
 from fluidpd.router.dispatch import Dispatcher, Job, RequestFailed
 from fluidpd.router.openai_models import ChatCompletionRequest, CompletionRequest
 from fluidpd.router.prompts import Prompter, PromptError
@@ -117,6 +118,12 @@ class _Metrics:
         )
 
 
+def _free_kv(pressure: dict[str, Any]) -> float:
+    """A decode worker's allocatable KV from its last /pressure report (eq. 6, the core's)."""
+    get = pressure.get
+    return float(allocatable_kv(get("kv_capacity", 0), get("kv_used", 0), get("kv_reserved", 0)))
+
+
 def create_app(cfg: RouterConfig, prompter: Prompter) -> FastAPI:
     """``prompter``: the served model's tokenizer and chat template (loaded by the caller, so
     a bad model directory fails at start with one line)."""
@@ -126,11 +133,7 @@ def create_app(cfg: RouterConfig, prompter: Prompter) -> FastAPI:
     if cfg.pairing == "least-loaded":
         pairing = LeastLoadedPairing(
             prefill_backlog=lambda w: float(workers.workers[w].pressure.get("queue_len", 0)),
-            decode_free_kv=lambda w: float(
-                workers.workers[w].pressure.get("kv_capacity", 0)
-                - workers.workers[w].pressure.get("kv_used", 0)
-                - workers.workers[w].pressure.get("kv_reserved", 0)
-            ),
+            decode_free_kv=lambda w: _free_kv(workers.workers[w].pressure),
         )
     else:
         pairing = RoundRobinPairing()

@@ -47,6 +47,7 @@ from fluidpd.core.profile import Profile
 from fluidpd.core.scheduler import messages as msg
 from fluidpd.core.scheduler.prefill import PrefillBatch
 from fluidpd.core.scheduler.worker import Worker
+from fluidpd.core.signals import allocatable_kv
 from fluidpd.core.types import SLO, Request, Role, RoleState
 from fluidpd.modeldir.model_dir import ModelDir
 from fluidpd.modeldir.text import TokenText
@@ -708,7 +709,7 @@ class SidecarService:
                 continue
             if p.get("role") != Role.DECODE.value or p.get("state") != RoleState.ACTIVE.value:
                 continue
-            free = int(p["kv_capacity"]) - int(p["kv_used"]) - int(p["kv_reserved"])
+            free = allocatable_kv(int(p["kv_capacity"]), int(p["kv_used"]), int(p["kv_reserved"]))
             if best is None or free > best[0]:
                 best = (free, url)
         return best[1] if best else None
