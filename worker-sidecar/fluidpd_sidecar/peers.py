@@ -1,11 +1,16 @@
-"""HTTP calls from a sidecar to its peers (the other half of a request, migration targets)."""
+"""HTTP calls from a sidecar to its peers (the other half of a request, migration targets).
+
+aiohttp, the project's one HTTP client library for asynchronous clients (router, controller,
+operator, drills, replay: see ``fluidpd/replay/client.py`` for why it beat httpx on streams).
+"""
 
 from __future__ import annotations
 
 import logging
 from typing import Any
 
-import httpx
+import aiohttp
+import orjson
 from pydantic import BaseModel
 
 log = logging.getLogger("fluidpd.sidecar.peers")
@@ -16,39 +21,48 @@ class PeerError(RuntimeError):
 
 
 class Peers:
-    """One pooled HTTP client for every peer call, carrying the shared bearer token."""
+    """One pooled HTTP client for every peer call, carrying the shared bearer token.
+
+    The session is made on first use: it belongs to the event loop that serves the sidecar,
+    which does not run yet when the service is built."""
 
     def __init__(self, token: str | None, timeout_s: float = 10.0) -> None:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._client = httpx.AsyncClient(
-            headers=headers,
-            timeout=httpx.Timeout(timeout_s, connect=2.0),
-            limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
-        )
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s, connect=2.0)
+        self._session: aiohttp.ClientSession | None = None
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                headers=self._headers,
+                timeout=self._timeout,
+                connector=aiohttp.TCPConnector(limit=256, limit_per_host=0),
+            )
+        return self._session
+
+    async def _call(
+        self, method: str, url: str, path: str, body: bytes | None = None
+    ) -> dict[str, Any]:
+        target = url.rstrip("/") + path
+        headers = {"content-type": "application/json"} if body is not None else None
+        try:
+            async with self._client().request(method, target, data=body, headers=headers) as resp:
+                content = await resp.read()
+                status = resp.status
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise PeerError(f"{url}{path}: {type(exc).__name__}: {exc}") from exc
+        if status >= 400:
+            detail = f": {content[:200].decode(errors='replace')}" if body is not None else ""
+            raise PeerError(f"{url}{path}: HTTP {status}{detail}")
+        data = orjson.loads(content) if content else {}
+        return data if isinstance(data, dict) else {}
 
     async def post(self, url: str, path: str, body: BaseModel) -> dict[str, Any]:
-        try:
-            resp = await self._client.post(
-                url.rstrip("/") + path,
-                content=body.model_dump_json(),
-                headers={"content-type": "application/json"},
-            )
-        except httpx.HTTPError as exc:
-            raise PeerError(f"{url}{path}: {type(exc).__name__}: {exc}") from exc
-        if resp.status_code >= 400:
-            raise PeerError(f"{url}{path}: HTTP {resp.status_code}: {resp.text[:200]}")
-        data = resp.json() if resp.content else {}
-        return data if isinstance(data, dict) else {}
+        return await self._call("POST", url, path, body.model_dump_json().encode())
 
     async def get(self, url: str, path: str) -> dict[str, Any]:
-        try:
-            resp = await self._client.get(url.rstrip("/") + path)
-        except httpx.HTTPError as exc:
-            raise PeerError(f"{url}{path}: {type(exc).__name__}: {exc}") from exc
-        if resp.status_code >= 400:
-            raise PeerError(f"{url}{path}: HTTP {resp.status_code}")
-        data = resp.json()
-        return data if isinstance(data, dict) else {}
+        return await self._call("GET", url, path)
 
     async def close(self) -> None:
-        await self._client.aclose()
+        if self._session is not None:
+            await self._session.close()
