@@ -26,7 +26,12 @@ import pytest
 
 from harness.binaries import binaries_ready
 
-SPLIT = frozenset({"e2e/test_operator.py", "tests/serve/test_drills.py"})
+#: tests/images: its four pip resolutions against the registry took 54-77 s each, 254 s in all,
+#: one after another (``pytest --durations=12 -p no:xdist tests/images``, 2026-12-02, niced on a
+#: loaded 2-core machine); each has its own tmp_path, and waiting on the registry needs no core.
+SPLIT = frozenset(
+    {"e2e/test_operator.py", "tests/serve/test_drills.py", "tests/images/test_dockerfiles.py"}
+)
 LONGEST = (
     "e2e/test_operator.py",
     "tests/monitoring/test_dashboards.py",
