@@ -106,6 +106,11 @@ def create_app(service: SidecarService) -> FastAPI:
     async def post_retire(body: RetireRequest) -> RoleStatus:
         return service.retire(body)
 
+    @app.delete("/retire", dependencies=[Admin])
+    async def delete_retire() -> RoleStatus:
+        """Calls off a retirement: the worker returns to service in its role (idempotent)."""
+        return service.cancel_retire()
+
     # -- request halves (called by the router) --------------------------------------------------
     @app.post("/v1/internal/prefill", dependencies=[Admin])
     async def prefill(body: PrefillHalf) -> PrefillOutcome:

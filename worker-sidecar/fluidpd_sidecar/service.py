@@ -92,6 +92,9 @@ class SidecarConfig:
     bootstrap_timeout_s: float = 300.0
     #: Testing knob: every prefill runs with this stealing ratio (``PrefillSide.forced_steal``).
     force_steal: float | None = None
+    #: A migrated-in request that ended before the router re-attached to its event stream
+    #: keeps its events this long for the router to read (then it is dropped).
+    unclaimed_timeout_s: float = 60.0
 
     @property
     def context_limit(self) -> int:
@@ -142,6 +145,9 @@ class SidecarService:
         self.peers = Peers(cfg.admin_token)
         self.prefill_halves: dict[int, _PrefillHalf] = {}
         self.decode_halves: dict[int, _DecodeHalf] = {}
+        #: Ended decode halves nobody has read yet (migrated in, the router not yet attached),
+        #: with the time they ended: their events wait here for the router.
+        self._unclaimed: dict[int, tuple[_DecodeHalf, float]] = {}
         self._early_reserved: dict[int, Reserved] = {}
         #: Admitted decode halves waiting for arena room before their reservation is sent.
         self._awaiting_room: deque[msg.Reserved] = deque()
@@ -153,6 +159,8 @@ class SidecarService:
         self._last_switch: tuple[Role, Role, float, float] | None = None
         self._migrate_to: list[str] = []
         self._drain_started = 0.0
+        #: A retirement nobody completed (the worker was not deleted) ends at this time.
+        self._retire_until = float("inf")
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[None]] = set()
@@ -420,8 +428,19 @@ class SidecarService:
         self._push(half, event)
         half.closed = True
         half.events.put_nowait(None)
+        if not half.subscribed:
+            # Migrated in and already over before the router came for its stream (it learns
+            # the new URL only after the activation): keep the events for it.
+            self._unclaimed[rid] = (half, time.time())
         self._free_room(half)
         self.engine.release(rid)
+
+    def expire_unclaimed(self, now: float) -> None:
+        """Drops ended, unread halves older than ``unclaimed_timeout_s`` (their router is gone)."""
+        limit = now - self.cfg.unclaimed_timeout_s
+        for rid in [r for r, (_, t) in self._unclaimed.items() if t <= limit]:
+            del self._unclaimed[rid]
+            log.info("request %d: migrated in and ended, but never claimed; dropped", rid)
 
     def _reroute(self, rid: int) -> None:
         if rid in self.prefill_halves:
@@ -441,6 +460,8 @@ class SidecarService:
             if now - last_sweep >= 1.0:
                 last_sweep = now
                 self._expire_bootstrap(now)
+                self.expire_unclaimed(now)
+                self.expire_retirement(now)
 
     def _expire_bootstrap(self, now: float) -> None:
         """Gives up halves whose peer never came through: a prefill half never reserved, a
@@ -589,11 +610,14 @@ class SidecarService:
                     return
                 yield event.model_dump_json().encode() + b"\n"
         finally:
+            self._unclaimed.pop(half.req.rid, None)
             if not half.closed:
                 self.abort(Abort(rid=half.req.rid, reason="router went away"))
 
     def decode_half(self, rid: int) -> _DecodeHalf:
         half = self.decode_halves.get(rid)
+        if half is None and rid in self._unclaimed:
+            half = self._unclaimed[rid][0]
         if half is None:
             raise NotFound(f"no decode half for request {rid} here")
         return half
@@ -661,6 +685,9 @@ class SidecarService:
                 # hand-off, which sees ``aborted`` and releases it.)
                 self._resolve_prefill(rid, PrefillOutcome(status="cancelled", detail=body.reason))
         self._early_reserved.pop(rid, None)
+        if rid in self._unclaimed:
+            found = True  # it ended already; its events wait for a reader that is not coming
+            del self._unclaimed[rid]
         if rid in self.decode_halves:
             found = True
             self.worker.decode.cancel(rid)
@@ -742,7 +769,9 @@ class SidecarService:
             except PeerError as exc:
                 log.info("migration of %d to %s refused: %s", rid, target, exc)
                 continue
-            if rid not in d.active:  # finished or aborted while we asked
+            if rid not in d.active:
+                # Finished or aborted while we asked: the adopted copy must not decode alone.
+                self._spawn(self._abort_peer(target, rid, "migration source ended it"))
                 continue
             req, generated = d.detach(rid)
             nbytes = d.migration_bytes(req, generated)
@@ -757,13 +786,22 @@ class SidecarService:
                 target, "/v1/internal/activate", Abort(rid=rid, reason="migrated")
             )
             self._push(half, DecodeEvent(event="migrated", url=target, n=half.fed))
+            log.info("request %d migrated to %s after %d tokens", rid, target, half.fed)
         except Exception as exc:
+            log.warning("request %d failed: migration to %s failed: %s", rid, target, exc)
             self._push(half, DecodeEvent(event="error", detail=f"migration failed: {exc}"))
+            await self._abort_peer(target, rid, "migration failed")
         finally:
             half.closed = True
             half.events.put_nowait(None)
             self.engine.release(rid)
             self.wake()
+
+    async def _abort_peer(self, url: str, rid: int, reason: str) -> None:
+        try:
+            await self.peers.post(url, "/v1/internal/abort", Abort(rid=rid, reason=reason))
+        except PeerError as exc:
+            log.info("abort of %d on %s not delivered: %s", rid, url, exc)
 
     # -- FluidRole ----------------------------------------------------------------------------
     def role_status(self) -> RoleStatus:
@@ -807,7 +845,9 @@ class SidecarService:
             raise Conflict(
                 f"a switch to {w.role_sm.target.value if w.role_sm.target else '?'} is under way"
             )
-        w.begin_retire(time.time(), body.drain)
+        now = time.time()
+        w.begin_retire(now, body.drain)
+        self._retire_until = now + body.return_after_s if body.return_after_s else float("inf")
         self._migrate_to = [u for u in body.migrate_to if u.rstrip("/") != self.cfg.url.rstrip("/")]
         self._dispatch()
         if w.role is Role.DECODE:
@@ -815,6 +855,24 @@ class SidecarService:
         log.info("retiring (drain %s)", body.drain.value)
         self.wake()
         return self.role_status()
+
+    def cancel_retire(self, why: str = "cancelled") -> RoleStatus:
+        """Calls off a scale-in: the worker takes work again in its role; idempotent."""
+        w = self.worker
+        if not w.retiring:
+            return self.role_status()
+        w.cancel_retire(time.time())
+        self._retire_until = float("inf")
+        self._migrate_to = []
+        log.info("retirement %s: back in service as %s", why, w.role.value)
+        self.wake()
+        return self.role_status()
+
+    def expire_retirement(self, now: float) -> None:
+        """A retirement still here ``return_after_s`` after it began was abandoned (nobody
+        deleted the worker): return to service rather than stay out of it for good."""
+        if self.worker.retiring and now >= self._retire_until:
+            self.cancel_retire("not completed in time (the worker was not removed)")
 
     async def _release_reserved(self) -> None:
         """D->P: requests holding a reservation here whose prefill has not started are re-paired,
