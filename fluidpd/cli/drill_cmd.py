@@ -112,7 +112,7 @@ def run_kill(args: argparse.Namespace) -> int:
         result = asyncio.run(
             kill_drill(
                 stack.endpoint, "llama-3.1-8b", args.worker, pids, args.rps,
-                controller_log=Path(tmp) / "controller.log",
+                controller_log=Path(tmp) / "controller.log", token=stack.token,
             )
         )  # fmt: skip
         result["orphans"] = stack.stop()

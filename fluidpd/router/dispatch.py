@@ -233,6 +233,13 @@ class Dispatcher:
                     raise RequestFailed(
                         502, f"decode worker {source.worker}: {kind} {detail}".strip()
                     )
+        except (asyncio.CancelledError, GeneratorExit):
+            # The client went away (a streaming response is cancelled, a non-streaming one by
+            # the disconnect watcher): both halves stop now, not when their work is done.
+            log.info("request %d cancelled: the client went away", job.rid)
+            self._abort(p, job.rid, "client went away")
+            self._abort(source, job.rid, "client went away")
+            raise
         finally:
             resp.release()
             if not prefill.done():

@@ -1,0 +1,28 @@
+"""The drills' view of a deployment's admin API (every ``/admin/*`` route takes the token)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+import orjson
+
+
+def admin_session(token: str | None) -> aiohttp.ClientSession:
+    """A session whose requests carry the deployment's bearer token."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return aiohttp.ClientSession(headers=headers)
+
+
+async def get_json(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:
+    async with session.get(url, timeout=aiohttp.ClientTimeout(total=2.0)) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"GET {url}: HTTP {resp.status}: {(await resp.text())[:200]}")
+        data: dict[str, Any] = orjson.loads(await resp.read())
+        return data
+
+
+async def router_workers(session: aiohttp.ClientSession, endpoint: str) -> list[dict[str, Any]]:
+    """The router's ``/admin/stats`` worker list (role, state, health, load of each)."""
+    workers: list[dict[str, Any]] = (await get_json(session, f"{endpoint}/admin/stats"))["workers"]
+    return workers
