@@ -6,6 +6,7 @@ claimed yet must wait for the router, not vanish with the request (the router th
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 
 import orjson
@@ -128,3 +129,23 @@ def test_abort_of_an_unclaimed_migrated_request(tmp_path: Path) -> None:
             await svc.stop()
 
     asyncio.run(go())
+
+
+def test_life_cycle_is_logged_by_request_id(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def go() -> None:
+        svc = sim_service(tmp_path, "d1", Role.DECODE)
+        await svc.start()
+        try:
+            _adopt(svc, 45, generated=2, max_new=4)
+            svc.activate(45)
+            await _finished(svc, 45)
+        finally:
+            await svc.stop()
+
+    with caplog.at_level(logging.INFO, logger="fluidpd.sidecar"):
+        asyncio.run(go())
+    lines = [r.getMessage() for r in caplog.records]
+    assert "request 45 adopted (migrating in after 2 tokens)" in lines
+    assert "request 45 finished (length, 4 tokens)" in lines

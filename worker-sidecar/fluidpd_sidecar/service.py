@@ -347,6 +347,10 @@ class SidecarService:
                 )
                 await self.peers.post(half.decode_url, "/v1/internal/handoff", body)
                 outcome = PrefillOutcome(status="done", stolen=half.req.stolen)
+                log.info(
+                    "request %d prefill done: %d tokens handed off (%d B), %d stolen",
+                    m.rid, m.prefix_tokens, nbytes, half.req.stolen,
+                )  # fmt: skip
         except Exception as exc:  # the transport or the peer failed: the half ends with an error
             log.warning("hand-off of %d failed: %s", m.rid, exc)
             outcome = PrefillOutcome(status="cancelled", detail=f"hand-off failed: {exc}")
@@ -425,6 +429,12 @@ class SidecarService:
         half = self.decode_halves.pop(rid, None)
         if half is None:
             return
+        if event.event == "done":
+            log.info("request %d finished (%s, %d tokens)", rid, event.finish_reason, event.n)
+        elif event.event == "error":
+            log.warning("request %d failed: %s", rid, event.detail)
+        else:
+            log.info("request %d ended here: %s (%s)", rid, event.event, event.detail)
         self._push(half, event)
         half.closed = True
         half.events.put_nowait(None)
@@ -552,6 +562,10 @@ class SidecarService:
         self.prefill_halves[half.rid] = _PrefillHalf(req, half.decode_url, future)
         self._decode_urls[half.decode_worker] = half.decode_url
         self.worker.prefill.add(req)
+        log.info(
+            "request %d admitted for prefill (%d prompt tokens, decode on %s)",
+            half.rid, half.prompt_len, half.decode_worker,
+        )  # fmt: skip
         early = self._early_reserved.pop(half.rid, None)
         if early is not None:
             self.reserved(early)
@@ -591,6 +605,10 @@ class SidecarService:
         state = self._decode_state(half)
         self.decode_halves[half.rid] = state
         self.worker.decode.add(state.req)
+        log.info(
+            "request %d admitted for decode (%d prompt tokens, up to %d new, prefill on %s)",
+            half.rid, half.prompt_len, half.max_new_tokens, half.prefill_worker,
+        )  # fmt: skip
         self._dispatch()
         self.wake()
         return state
@@ -719,6 +737,7 @@ class SidecarService:
             self.engine.release(half.rid)
             raise Conflict(f"no KV room for request {half.rid}")
         self.decode_halves[half.rid] = state
+        log.info("request %d adopted (migrating in after %d tokens)", half.rid, body.generated)
 
     def activate(self, rid: int) -> None:
         if rid not in self.decode_halves:
