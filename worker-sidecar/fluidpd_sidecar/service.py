@@ -723,25 +723,51 @@ class SidecarService:
         return Released(released=True)
 
     # -- migration (drain "migrate") ---------------------------------------------------------
-    def adopt(self, body: Adopt) -> None:
+    @property
+    def _moves_kv(self) -> bool:
+        """The engine's decode KV travels with a migrated request (real bytes; the ``sim``
+        engine's outputs need none, so it moves only the modelled time)."""
+        return hasattr(self.engine, "export_decode") and self.transfer.arena_bytes > 0
+
+    def adopt(self, body: Adopt) -> KVDest | None:
+        """Takes over a request migrating in; returns where its KV is to be written."""
         self._check_accepting(Role.DECODE)
         if not getattr(self.engine, "migrates_kv", True):
             raise Conflict(f"engine {self.engine.name} cannot adopt a request without its KV")
         half = body.half
         self._check_half(half)
-        if half.rid in self.decode_halves:
+        if half.rid in self.decode_halves or half.rid in self._unclaimed:
             raise Conflict(f"request {half.rid} is already here")
         state = self._decode_state(half, body.output_ids)
         state.req.first_token_t = body.first_token_t
         if not self.worker.decode.adopt(state.req, body.generated):
             self.engine.release(half.rid)
             raise Conflict(f"no KV room for request {half.rid}")
+        if self._moves_kv:
+            tokens = half.prompt_len + body.generated - 1
+            state.dest = self.transfer.reserve(self.engine.kv_wire_bytes(tokens))
+            if state.dest is None:
+                self.worker.decode.cancel(half.rid)
+                self.engine.release(half.rid)
+                raise Conflict(f"no KV transport room for request {half.rid}")
         self.decode_halves[half.rid] = state
         log.info("request %d adopted (migrating in after %d tokens)", half.rid, body.generated)
+        return state.dest
 
     def activate(self, rid: int) -> None:
-        if rid not in self.decode_halves:
+        half = self.decode_halves.get(rid)
+        if half is None or rid not in self.worker.decode.migrating_in:
             raise NotFound(f"no adopted request {rid} here")
+        if half.dest is not None:
+            view = getattr(self.transfer, "view")  # noqa: B009 - byte-moving transports only
+            self.metrics.kv_received.labels(self.cfg.worker_id).inc(half.dest.nbytes)
+            self._verify_kv(half)
+            try:
+                self.engine.import_decode(rid, view(half.dest.addr, half.dest.nbytes))  # type: ignore[attr-defined]
+            except ValueError as exc:
+                self.worker.decode.cancel(rid)
+                self._end_decode(rid, DecodeEvent(event="error", detail=f"KV import: {exc}"))
+                raise BadRequest(str(exc)) from exc
         self.worker.decode.activate(rid)
         self.wake()
 
@@ -784,7 +810,7 @@ class SidecarService:
                 first_token_t=half.req.first_token_t,
             )
             try:
-                await self.peers.post(target, "/v1/internal/adopt", body)
+                answer = await self.peers.post(target, "/v1/internal/adopt", body)
             except PeerError as exc:
                 log.info("migration of %d to %s refused: %s", rid, target, exc)
                 continue
@@ -794,13 +820,28 @@ class SidecarService:
                 continue
             req, generated = d.detach(rid)
             nbytes = d.migration_bytes(req, generated)
+            dest = None
+            if answer.get("kv_nbytes"):
+                dest = KVDest(
+                    answer["kv_session"], int(answer["kv_addr"]), int(answer["kv_nbytes"])
+                )
+            detach = getattr(self.engine, "detach", None)
+            if detach is not None:
+                detach(rid)  # out of the engine's next step: its KV must not grow while copied
             self.decode_halves.pop(rid, None)
-            self._spawn(self._move(half, target, nbytes))
+            self._spawn(self._move(half, target, nbytes, dest, generated))
 
-    async def _move(self, half: _DecodeHalf, target: str, nbytes: int) -> None:
+    async def _move(
+        self, half: _DecodeHalf, target: str, nbytes: int, dest: KVDest | None, generated: int
+    ) -> None:
         rid = half.req.rid
         try:
-            await self.transfer.send(None, None, nbytes)
+            if dest is not None and self._moves_kv:
+                region = await self.engine.export_decode(rid, generated)  # type: ignore[attr-defined]
+                await self.transfer.send(region.addr, dest, region.nbytes)
+                self.metrics.kv_sent.labels(self.cfg.worker_id).inc(region.nbytes)
+            else:
+                await self.transfer.send(None, None, nbytes)
             await self.peers.post(
                 target, "/v1/internal/activate", Abort(rid=rid, reason="migrated")
             )
