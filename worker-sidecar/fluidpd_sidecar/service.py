@@ -43,6 +43,7 @@ from fluidpd.api.internal import (
 )
 from fluidpd.api.sampling import SampledToken
 from fluidpd.core.fluidtoken import FluidTokenConfig
+from fluidpd.core.migration import Peer, plan_migration
 from fluidpd.core.profile import Profile
 from fluidpd.core.scheduler import messages as msg
 from fluidpd.core.scheduler.prefill import PrefillBatch
@@ -771,8 +772,9 @@ class SidecarService:
         self.worker.decode.activate(rid)
         self.wake()
 
-    async def _pick_target(self) -> str | None:
-        best: tuple[int, str] | None = None
+    async def _peer_room(self) -> list[Peer]:
+        """The migration peers that are Active decode workers now, with their free KV."""
+        room = []
         for url in self._migrate_to:
             try:
                 p = await self.peers.get(url, "/pressure")
@@ -781,22 +783,21 @@ class SidecarService:
             if p.get("role") != Role.DECODE.value or p.get("state") != RoleState.ACTIVE.value:
                 continue
             free = int(p["kv_capacity"]) - int(p["kv_used"]) - int(p["kv_reserved"])
-            if best is None or free > best[0]:
-                best = (free, url)
-        return best[1] if best else None
+            # Its running-request limit is not in /pressure: its adopt answers 409 when full.
+            room.append(Peer(url, free, 1 << 30))
+        return room
 
     async def _migrate_out(self) -> None:
         d = self.worker.decode
-        if not d.migrate_on_drain or not d.active:
+        if not d.migrate_on_drain or not d.active or d.running is not None:
             return
-        for rid in list(d.active):
+        move_s = self.cfg.profile.transfer_model().time
+        plan = plan_migration(d.migrants(move_s), await self._peer_room(), d.step_s())
+        for rid, target in plan:
             half = self.decode_halves.get(rid)
             slot = d.active.get(rid)
             if half is None or slot is None or d.running is not None:
                 continue
-            target = await self._pick_target()
-            if target is None:
-                return
             generated = slot.generated(d.iteration)
             if self._advance(half, generated):
                 d.finish_early(rid, time.time())  # it stopped: it finishes here instead
