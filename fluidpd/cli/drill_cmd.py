@@ -120,7 +120,8 @@ def run_switches(args: argparse.Namespace) -> int:
     from fluidpd.drills.switches import switch_drill
 
     with tempfile.TemporaryDirectory() as tmp:
-        extra = _engine_args(args.engine, Path(tmp))
+        # A loaded machine (CI, shared hosts) can take minutes to start every process.
+        extra = (*_engine_args(args.engine, Path(tmp)), "--ready-timeout", "300")
         with LocalStack(Path(tmp) / "stack", args.pd, "static", *extra) as stack:
             model = "serving-path" if args.engine == "gpu" else "llama-3.1-8b"
             result = asyncio.run(

@@ -82,7 +82,7 @@ class LocalStack:
         self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, env=env)
         try:
             # Generous: on a loaded machine six Python processes take a while to import.
-            wait_http(f"{self.endpoint}/healthz", 180)
+            wait_http(f"{self.endpoint}/healthz", 300)
             for url in self.workers.values():
                 wait_http(f"{url}/readyz", 60)
             time.sleep(1.0)  # the router's first poll of every worker
