@@ -91,7 +91,9 @@ class OpenLoopLoad:
 
     async def run(self, duration_s: float, stop: asyncio.Event | None = None) -> LoadReport:
         tasks: list[asyncio.Task[None]] = []
-        connector = aiohttp.TCPConnector(limit=0)
+        # Idle connections are dropped before the server's keep-alive (uvicorn: 5 s) closes them,
+        # or a request sent on one the server is closing fails with "Server disconnected".
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=2.0)
         async with aiohttp.ClientSession(connector=connector) as session:
             t_end = time.time() + duration_s
             while time.time() < t_end and not (stop and stop.is_set()):
