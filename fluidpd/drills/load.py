@@ -69,7 +69,10 @@ class OpenLoopLoad:
     async def _one(self, session: aiohttp.ClientSession, out: Outcome) -> None:
         n = self.rng.randint(*self.prompt_len)
         out.expected = self.rng.randint(*self.max_tokens)
-        body = {"model": self.model, "prompt": [7] * n, "max_tokens": out.expected}
+        # ignore_eos: a real model may sample EOS early, and an answer shorter than asked for
+        # must mean something went wrong, not that the model stopped.
+        body = {"model": self.model, "prompt": [7] * n, "max_tokens": out.expected,
+                "ignore_eos": True}  # fmt: skip
         try:
             async with session.post(
                 f"{self.endpoint}/v1/completions",

@@ -131,3 +131,8 @@ async def _disconnect_mid_request(stack: LocalStack, stream: bool) -> dict[str, 
 def test_client_disconnect_frees_the_decode_worker(stack: LocalStack, stream: bool) -> None:
     pressure = asyncio.run(_disconnect_mid_request(stack, stream))
     assert pressure["batch"] == 0 and pressure["kv_used"] == 0, pressure
+
+
+def test_calling_off_a_retirement_needs_the_token(stack: LocalStack) -> None:
+    status, answer = _call(stack, "DELETE", f"{stack.workers['w0']}/retire", token=False)
+    assert status == 401, answer
