@@ -10,7 +10,7 @@ import pytest
 
 from fluidpd.api.internal import RetireRequest, RoleRequest
 from fluidpd.core.types import DrainMode, Role, RoleState
-from fluidpd_sidecar.service import Conflict
+from fluidpd_sidecar.service import BadRequest, Conflict
 from tests.sidecar.helpers import decode_half, sim_service
 
 
@@ -53,5 +53,23 @@ def test_abandoned_retirement_returns_to_service(tmp_path: Path, after: float, b
             assert svc.worker.retiring is not back  # 0 means: wait to be deleted, forever
         finally:
             await svc.stop()
+
+    asyncio.run(go())
+
+
+def test_ids_the_engine_refuses_are_bad_input(tmp_path: Path) -> None:
+    """An engine's own check (here: a vocabulary smaller than the tokenizer's) is a 400 with
+    its reason, not a server error."""
+
+    async def go() -> None:
+        svc = sim_service(tmp_path, "d1", Role.DECODE)
+
+        def refuse(*_: object) -> None:
+            raise ValueError("token id 645 outside the vocabulary (0..511)")
+
+        svc.engine.admit = refuse  # type: ignore[method-assign]
+        with pytest.raises(BadRequest, match="vocabulary"):
+            svc.accept_decode(decode_half(3, 4))
+        assert 3 not in svc.decode_halves
 
     asyncio.run(go())

@@ -559,7 +559,10 @@ class SidecarService:
         req = Request(half.rid, half.arrival, half.prompt_len, half.max_new_tokens)
         req.decode_worker = half.decode_worker
         future: asyncio.Future[PrefillOutcome] = asyncio.get_running_loop().create_future()
-        self.engine.admit(half.rid, half.prompt_ids, half.sampling)
+        try:
+            self.engine.admit(half.rid, half.prompt_ids, half.sampling)
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from exc
         self.prefill_halves[half.rid] = _PrefillHalf(req, half.decode_url, future)
         self._decode_urls[half.decode_worker] = half.decode_url
         self.worker.prefill.add(req)
@@ -590,7 +593,10 @@ class SidecarService:
         req = Request(half.rid, half.arrival, half.prompt_len, half.max_new_tokens)
         req.prefill_worker = half.prefill_worker
         stream = OutputStream(self.text, half.sampling, self.cfg.model.eos_token_ids)
-        self.engine.admit(half.rid, half.prompt_ids, half.sampling, output_ids or ())
+        try:
+            self.engine.admit(half.rid, half.prompt_ids, half.sampling, output_ids or ())
+        except ValueError as exc:  # the engine's own checks (its vocabulary): bad input
+            raise BadRequest(str(exc)) from exc
         state = _DecodeHalf(req, half.prefill_url, half, stream)
         if output_ids:
             stream.feed(SampledToken(i) for i in output_ids)
