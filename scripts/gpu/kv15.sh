@@ -8,7 +8,7 @@ set -x
 export FLUIDPD_ADMIN_TOKEN=${FLUIDPD_ADMIN_TOKEN:-gpu-run}
 mkdir -p $OUT
 nvidia-smi -L
-timeout 180 python3 scripts/gpu/bench_kv_ipc.py --out $OUT/kv-ipc.json 2>&1 | tail -8
+timeout 120 python3 scripts/gpu/bench_kv_ipc.py --out $OUT/kv-ipc.json 2>&1 | tail -8
 # Three 8B workers on one GPU: each gets a 100K-token KV pool (12.5 GiB) beside its weights.
 sed "s/^  capacity_tokens: .*/  capacity_tokens: 100000/" profiles/llama-3.1-8b-h200.yaml \
   > $OUT/kv100k.yaml
