@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import gc
 import mmap
 import os
 import signal
@@ -105,9 +106,14 @@ def bench_shm(sizes: list[int], device: str, repeats: int) -> dict[str, Any]:
                    "h2d": _stats(n, h2d), "bytes_equal": same}  # fmt: skip
     for arr in (a, b):
         cudart.cudaHostUnregister(arr.ctypes.data)
-    ha = hb = a = b = None  # the buffers export the maps: release them before closing
+    # The buffers (and the loop variable) export the maps: release them before closing.
+    ha = hb = a = b = arr = None
+    gc.collect()
     for m in maps:
-        m.close()
+        try:
+            m.close()
+        except BufferError:  # a view still alive somewhere: the map goes with the process
+            pass
     for path in files:
         path.unlink()
     return rows
