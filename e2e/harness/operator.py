@@ -3,6 +3,7 @@ the kubectl reads the operator's e2e tests share (objects, status, conditions, r
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -121,11 +122,26 @@ def router_url(cp: ControlPlane, ns: str, name: str) -> str:
         return None
 
     url: str = wait_for(find, timeout=90, what="a ready router pod")
+    _TOKENS[url] = admin_token(cp, ns, name)
     return url
 
 
+#: The admin token of each router URL ``router_url`` found, for ``router_workers`` (every
+#: ``/admin/*`` route takes it; callers then need only the URL).
+_TOKENS: dict[str, str] = {}
+
+
+def admin_token(cp: ControlPlane, ns: str, name: str) -> str:
+    """The bearer token the operator generated for a deployment (its ``<name>-auth`` Secret)."""
+    secret = kubectl_json(cp, "get", "secret", f"{name}-auth", "-n", ns)
+    return base64.b64decode(secret["data"]["token"]).decode()
+
+
 def router_workers(url: str) -> dict[str, dict[str, Any]]:
-    with urllib.request.urlopen(f"{url}/admin/stats", timeout=5) as resp:
+    request = urllib.request.Request(f"{url}/admin/stats")
+    if url in _TOKENS:
+        request.add_header("Authorization", f"Bearer {_TOKENS[url]}")
+    with urllib.request.urlopen(request, timeout=5) as resp:
         stats = json.loads(resp.read())
     return {w["worker"]: w for w in stats["workers"]}
 

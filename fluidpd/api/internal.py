@@ -179,6 +179,9 @@ class RetireRequest(_Model):
 
     drain: DrainMode = DrainMode.WAIT
     migrate_to: list[str] = Field(default_factory=list)
+    #: A retiring worker that is still there this long after the call returns to service by
+    #: itself (its scale-in was abandoned); 0: never.
+    return_after_s: float = Field(default=600.0, ge=0.0, le=86_400.0)
 
 
 class RoleStatus(_Model):

@@ -91,7 +91,7 @@ async def _main(
         async def source() -> dict[str, str]:
             if not router:
                 return static
-            async with session.get(f"{router}/admin/stats") as resp:
+            async with session.get(f"{router}/admin/stats", headers=headers) as resp:
                 stats = orjson.loads(await resp.read())
             return {w["worker"]: w["url"] for w in stats["workers"]} | static
 

@@ -50,6 +50,16 @@ def add_parser(sub: Any) -> None:
         "--switches", type=positive_int, default=20, help="role switches, alternating directions"
     )
     s.add_argument("--rps", type=positive_float, default=8.0, help=RPS_HELP)
+    s.add_argument(
+        "--engine",
+        choices=("sim", "gpu"),
+        default="sim",
+        help="sim: steps timed by the profile; gpu: the tiny-llama torch engine on CPU with real "
+        "KV through shared memory",
+    )
+    s.add_argument(
+        "--settle", type=positive_float, default=1.0, help="seconds between two switches"
+    )
     s.add_argument("--out", default="out/drills/switches.json", help=OUT_HELP)
     s.set_defaults(func=run_switches)
     k = drills.add_parser("kill", help="SIGKILL a worker under load")
@@ -87,17 +97,43 @@ def _write(out: str, result: dict[str, Any]) -> int:
     return 0
 
 
+#: The tiny CPU engine's deployment for drills: a 4K context, real KV bytes through shm.
+TINY_GPU_PROFILE = FAST_PROFILE.replace("context_limit: 32768", "context_limit: 4096").replace(
+    "capacity_tokens: 10000000", "capacity_tokens: 200000"
+)
+
+
+def _engine_args(engine: str, tmp: Path) -> tuple[str, ...]:
+    if engine == "sim":
+        return ()
+    profile = tmp / "tiny-gpu.yaml"
+    profile.write_text(TINY_GPU_PROFILE)
+    return (
+        "--engine", "gpu", "--engine-model", "tiny-llama", "--device", "cpu",
+        "--dtype", "float32", "--kv-transfer", "shm", "--kv-arena-mib", "64",
+        "--profile", str(profile),
+    )  # fmt: skip
+
+
 def run_switches(args: argparse.Namespace) -> int:
     from fluidpd.drills.stack import LocalStack
     from fluidpd.drills.switches import switch_drill
 
-    with tempfile.TemporaryDirectory() as tmp, LocalStack(Path(tmp), args.pd, "static") as stack:
-        result = asyncio.run(
-            switch_drill(stack.endpoint, stack.token, "llama-3.1-8b", args.switches, args.rps)
-        )
-        result["orphans"] = stack.stop()
+    with tempfile.TemporaryDirectory() as tmp:
+        # A loaded machine (CI, shared hosts) can take minutes to start every process.
+        extra = (*_engine_args(args.engine, Path(tmp)), "--ready-timeout", "300")
+        with LocalStack(Path(tmp) / "stack", args.pd, "static", *extra) as stack:
+            model = "serving-path" if args.engine == "gpu" else "llama-3.1-8b"
+            result = asyncio.run(
+                switch_drill(
+                    stack.endpoint, stack.token, model, args.switches, args.rps,
+                    settle_s=args.settle,
+                )
+            )  # fmt: skip
+            result["orphans"] = stack.stop()
     result["pd"] = args.pd
     result["rps"] = args.rps
+    result["engine"] = args.engine
     return _write(args.out, result)
 
 
@@ -112,7 +148,7 @@ def run_kill(args: argparse.Namespace) -> int:
         result = asyncio.run(
             kill_drill(
                 stack.endpoint, "llama-3.1-8b", args.worker, pids, args.rps,
-                controller_log=Path(tmp) / "controller.log",
+                controller_log=Path(tmp) / "controller.log", token=stack.token,
             )
         )  # fmt: skip
         result["orphans"] = stack.stop()

@@ -131,6 +131,10 @@ def serve_http(app: Any, args: argparse.Namespace) -> None:
         access_log=False,
         loop="uvloop",
         http="httptools",
+        # Longer than any FluidPD client keeps an idle connection (the router's pool: 30 s), so
+        # the client, not the server, closes it: a request sent on a connection the server is
+        # closing fails with "Server disconnected" (uvicorn's default is 5 s).
+        timeout_keep_alive=75,
     )
 
 

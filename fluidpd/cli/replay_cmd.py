@@ -81,7 +81,8 @@ def add_parser(sub: Any) -> None:
     t.add_argument(
         "--api-key",
         default=None,
-        help="bearer token (default: $OPENAI_API_KEY, else 'none')",
+        help="bearer token (default: $OPENAI_API_KEY, else $FLUIDPD_ADMIN_TOKEN, which a FluidPD "
+        "router's /admin/stats needs, else 'none')",
     )
     t.add_argument(
         "--max-concurrency",
@@ -234,7 +235,14 @@ def run(args: argparse.Namespace) -> int:
     endpoint = normalize_endpoint(args.endpoint)
     label = _label(args.label)
     prompt_format = _prompt_format(args)
-    api_key = args.api_key or os.environ.get("OPENAI_API_KEY") or "none"
+    # A FluidPD router's /admin/stats takes its admin token; sent as the API key it is
+    # ignored on the OpenAI routes.
+    api_key = (
+        args.api_key
+        or os.environ.get("OPENAI_API_KEY")
+        or os.environ.get("FLUIDPD_ADMIN_TOKEN")
+        or "none"
+    )
     try:
         slo = SLO(args.ttft_slo, args.tpot_slo)
     except ValueError as exc:

@@ -219,6 +219,12 @@ def run(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir or f"runs/up-{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir.mkdir(parents=True, exist_ok=True)
     token = args.admin_token or secrets.token_urlsafe(16)
+    # The admin API is unusable without it: the user gets it in a file only they can read
+    # (and on stdout when it was generated here, not given).
+    token_file = run_dir / "admin-token"
+    token_file.touch(mode=0o600)
+    token_file.chmod(0o600)
+    token_file.write_text(token + "\n")
     env = {**os.environ, "FLUIDPD_ADMIN_TOKEN": token}
     mech = MECHANISMS[args.policy]
     stack = Stack(run_dir)
@@ -284,7 +290,9 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"FluidPD is up: {endpoint} (OpenAI API; model {served})\n"
             f"  {args.pd} {args.policy}, sidecars on ports {ports[0]}-{ports[-1]}, "
-            f"logs in {run_dir}\n  Ctrl-C stops everything.",
+            f"logs in {run_dir}\n  admin token (Authorization: Bearer ...) in "
+            f"{token_file}{'' if args.admin_token else f': {token}'}\n"
+            "  Ctrl-C stops everything.",
             flush=True,
         )
         (run_dir / "endpoint").write_text(endpoint + "\n")

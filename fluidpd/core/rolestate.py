@@ -32,12 +32,19 @@ class RoleStateMachine:
     def begin_retire(self, now: float) -> None:
         """Active -> Drain with no target: the worker empties itself to be removed (scale-in).
 
-        There is no way back to Active from here; the worker is deleted once drained.
+        The worker is deleted once drained, unless the retirement is cancelled
+        (``cancel_retire``): a scale-in that did not happen must not leave it out of service.
         """
         if self.state is not RoleState.ACTIVE:
             raise IllegalTransition(f"cannot retire while {self.state.value}")
         self.state, self.target, self.since = RoleState.DRAIN, None, now
         self.retiring = True
+
+    def cancel_retire(self, now: float) -> None:
+        """Drain (retiring) -> Active in the same role: the worker was not removed."""
+        if not self.retiring or self.state is not RoleState.DRAIN:
+            raise IllegalTransition("the worker is not retiring")
+        self.state, self.since, self.retiring = RoleState.ACTIVE, now, False
 
     def begin_switch(self, now: float) -> None:
         """Drain -> Switch (the worker has reached a safe boundary)."""

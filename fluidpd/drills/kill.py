@@ -12,15 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import orjson
 
+from fluidpd.drills.admin import admin_session, router_workers
 from fluidpd.drills.load import OpenLoopLoad
 
 
 async def _healthy(session: aiohttp.ClientSession, endpoint: str, worker: str) -> bool | None:
-    async with session.get(f"{endpoint}/admin/stats") as resp:
-        stats = orjson.loads(await resp.read())
-    for w in stats["workers"]:
+    for w in await router_workers(session, endpoint):
         if w["worker"] == worker:
             return bool(w["healthy"])
     return None
@@ -34,11 +32,10 @@ def _log_time(line: str) -> float:
         return 0.0
 
 
-async def busiest_decode(endpoint: str) -> str:
+async def busiest_decode(session: aiohttp.ClientSession, endpoint: str) -> str:
     """The decode worker with the most active requests right now."""
-    async with aiohttp.ClientSession() as session, session.get(f"{endpoint}/admin/stats") as resp:
-        stats = orjson.loads(await resp.read())
-    decode = [w for w in stats["workers"] if w["role"] == "decode" and w["healthy"]]
+    workers = await router_workers(session, endpoint)
+    decode = [w for w in workers if w["role"] == "decode" and w["healthy"]]
     return str(max(decode, key=lambda w: (w["batch"], w["worker"]))["worker"])
 
 
@@ -53,13 +50,14 @@ async def kill_drill(
     hang_s: float = 120.0,
     seed: int = 0,
     controller_log: Path | None = None,
+    token: str | None = None,
 ) -> dict[str, Any]:
     load = OpenLoopLoad(endpoint, model, rps, seed=seed, request_timeout_s=hang_s)
     stop = asyncio.Event()
     load_task = asyncio.create_task(load.run(10_000, stop))
-    async with aiohttp.ClientSession() as session:
+    async with admin_session(token) as session:
         await asyncio.sleep(before_s)
-        worker = worker or await busiest_decode(endpoint)
+        worker = worker or await busiest_decode(session, endpoint)
         in_flight = [o for o in load.report.outcomes if not o.end]
         killed = time.time()
         os.kill(pids[worker], signal.SIGKILL)

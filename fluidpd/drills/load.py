@@ -69,7 +69,10 @@ class OpenLoopLoad:
     async def _one(self, session: aiohttp.ClientSession, out: Outcome) -> None:
         n = self.rng.randint(*self.prompt_len)
         out.expected = self.rng.randint(*self.max_tokens)
-        body = {"model": self.model, "prompt": [7] * n, "max_tokens": out.expected}
+        # ignore_eos: a real model may sample EOS early, and an answer shorter than asked for
+        # must mean something went wrong, not that the model stopped.
+        body = {"model": self.model, "prompt": [7] * n, "max_tokens": out.expected,
+                "ignore_eos": True}  # fmt: skip
         try:
             async with session.post(
                 f"{self.endpoint}/v1/completions",
@@ -91,7 +94,9 @@ class OpenLoopLoad:
 
     async def run(self, duration_s: float, stop: asyncio.Event | None = None) -> LoadReport:
         tasks: list[asyncio.Task[None]] = []
-        connector = aiohttp.TCPConnector(limit=0)
+        # Idle connections are dropped before the server's keep-alive (uvicorn: 5 s) closes them,
+        # or a request sent on one the server is closing fails with "Server disconnected".
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=2.0)
         async with aiohttp.ClientSession(connector=connector) as session:
             t_end = time.time() + duration_s
             while time.time() < t_end and not (stop and stop.is_set()):

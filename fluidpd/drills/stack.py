@@ -74,9 +74,10 @@ class LocalStack:
         env = {**os.environ, "FLUIDPD_ADMIN_TOKEN": self.token}
         self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, env=env)
         try:
-            wait_http(f"{self.endpoint}/healthz", 60)
+            # Generous: on a loaded machine six Python processes take a while to import.
+            wait_http(f"{self.endpoint}/healthz", 300)
             for url in self.workers.values():
-                wait_http(f"{url}/readyz", 30)
+                wait_http(f"{url}/readyz", 60)
             time.sleep(1.0)  # the router's first poll of every worker
         except TimeoutError:
             self.stop()

@@ -13,18 +13,12 @@ from typing import Any
 import aiohttp
 import orjson
 
+from fluidpd.drills.admin import admin_session, get_json, router_workers
 from fluidpd.drills.load import OpenLoopLoad
 
 
-async def _get(session: aiohttp.ClientSession, url: str) -> dict[str, Any]:
-    async with session.get(url, timeout=aiohttp.ClientTimeout(total=2.0)) as resp:
-        data: dict[str, Any] = orjson.loads(await resp.read())
-        return data
-
-
 async def _workers(session: aiohttp.ClientSession, endpoint: str) -> dict[str, dict[str, Any]]:
-    stats = await _get(session, f"{endpoint}/admin/stats")
-    return {w["worker"]: w for w in stats["workers"]}
+    return {w["worker"]: w for w in await router_workers(session, endpoint)}
 
 
 async def switch_once(
@@ -58,9 +52,9 @@ async def switch_once(
     async with session.post(f"{victim['url']}/role", data=orjson.dumps(body), headers=headers) as r:
         if r.status != 200:
             return {"worker": victim["worker"], "error": f"HTTP {r.status}: {await r.text()}"}
-    before = (await _get(session, f"{victim['url']}/pressure"))["switches"]
+    before = (await get_json(session, f"{victim['url']}/pressure"))["switches"]
     while time.time() - t0 < timeout_s:
-        p = await _get(session, f"{victim['url']}/pressure")
+        p = await get_json(session, f"{victim['url']}/pressure")
         if p["switches"] > before or (p["state"] == "active" and p["role"] == target):
             return {
                 "worker": victim["worker"],
@@ -94,7 +88,7 @@ async def switch_drill(
     stop = asyncio.Event()
     load_task = asyncio.create_task(load.run(10_000, stop))
     switches: list[dict[str, Any]] = []
-    async with aiohttp.ClientSession() as session:
+    async with admin_session(token) as session:
         await asyncio.sleep(3.0)  # let load build up on every worker
         for i in range(n_switches):
             # Alternate directions; D->P switches cycle through the drain modes.

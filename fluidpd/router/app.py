@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hmac
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Sequence
@@ -23,7 +26,15 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import (
+    AnyHttpUrl,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    field_validator,
+)
 
 from fluidpd import __version__
 from fluidpd.api.sampling import SamplingParams
@@ -34,6 +45,8 @@ from fluidpd.router.openai_models import ChatCompletionRequest, CompletionReques
 from fluidpd.router.prompts import Prompter, PromptError
 from fluidpd.router.responses import Api, Reply
 from fluidpd.router.workers import WorkerSet
+
+log = logging.getLogger("fluidpd.router")
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,8 +62,28 @@ class RouterConfig:
     default_max_tokens: int = 16
 
 
+_WORKER_ID = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+
+
 class WorkerList(BaseModel):
-    workers: dict[str, str] = Field(description="worker id -> sidecar URL")
+    """The whole worker set (it replaces the current one)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    workers: dict[Annotated[str, StringConstraints(pattern=_WORKER_ID)], AnyHttpUrl] = Field(
+        min_length=1, max_length=4096, description="worker id -> sidecar URL (http or https)"
+    )
+
+    @field_validator("workers")
+    @classmethod
+    def _distinct_urls(cls, v: dict[str, AnyHttpUrl]) -> dict[str, AnyHttpUrl]:
+        urls = [str(u).rstrip("/") for u in v.values()]
+        if len(set(urls)) != len(urls):
+            raise ValueError("two workers share one URL")
+        return v
+
+    def urls(self) -> dict[str, str]:
+        return {w: str(u).rstrip("/") for w, u in self.workers.items()}
 
 
 M = TypeVar("M", bound=BaseModel)
@@ -66,6 +99,13 @@ def _body_schema(model: type[BaseModel]) -> dict[str, Any]:
 
 
 _SCHEMAS: dict[str, Any] = {}
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client has closed the connection (the body was read already, so the
+    next ASGI message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
@@ -185,20 +225,42 @@ def create_app(cfg: RouterConfig, prompter: Prompter) -> FastAPI:
         metrics.retries.set(state["dispatcher"].retries)
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/admin/stats")
+    unauthorized: dict[int | str, dict[str, Any]] = {
+        401: {"description": "missing or wrong bearer token"}
+    }
+
+    @app.get("/admin/stats", dependencies=[Depends(admin)], responses=unauthorized)
     async def stats() -> dict[str, Any]:
         return workers.stats()
 
-    @app.post("/admin/poll", dependencies=[Depends(admin)])
+    @app.post("/admin/poll", dependencies=[Depends(admin)], responses=unauthorized)
     async def poll_now() -> dict[str, Any]:
         """Re-read every worker now (the controller calls this when it starts or ends a switch)."""
         await workers.poll_once()
         return workers.stats()
 
-    @app.put("/admin/workers", dependencies=[Depends(admin)])
+    @app.put(
+        "/admin/workers",
+        dependencies=[Depends(admin)],
+        responses={
+            **unauthorized,
+            400: {"description": "invalid worker list"},
+            409: {"description": "the new set has no usable prefill/decode pair, the current does"},
+        },
+    )
     async def put_workers(body: WorkerList) -> dict[str, Any]:
-        workers.set(body.workers)
+        new = body.urls()
+        # A set the router cannot serve with must not replace one it can (a bad call would
+        # otherwise stop all serving until someone puts the list back).
+        if workers.usable() and not await workers.usable_with(new):
+            raise HTTPException(
+                409,
+                "workers: no reachable Active prefill and decode worker in the new set; "
+                "the current set is kept",
+            )
+        workers.set(new)
         await workers.poll_once()
+        log.info("worker set replaced: %s", ", ".join(sorted(new)))
         return workers.stats()
 
     def _budget(model: str, prompt_len: int, max_tokens: int | None, default: int) -> int:
@@ -221,6 +283,7 @@ def create_app(cfg: RouterConfig, prompter: Prompter) -> FastAPI:
         return max_tokens
 
     async def _serve(
+        request: Request,
         api: Api,
         prompt_ids: list[int],
         sampling: SamplingParams,
@@ -268,15 +331,31 @@ def create_app(cfg: RouterConfig, prompter: Prompter) -> FastAPI:
                 yield b"data: [DONE]\n\n"
 
             return StreamingResponse(events(), media_type="text/event-stream")
-        try:
+
+        async def collect() -> None:
             async for event in dispatcher.generate(job):
                 if event["ids"] and job.tokens == len(event["ids"]):
                     metrics.ttft.observe(time.time() - job.arrival)
                 reply.add(event["text"], event.get("logprobs"))
+
+        work = asyncio.ensure_future(collect())
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
+            if not work.done():
+                # Nobody waits for the answer: cancelling the work aborts both halves.
+                work.cancel()
+                with contextlib.suppress(asyncio.CancelledError, RequestFailed):
+                    await work
+                metrics.requests.labels(api, "499").inc()
+                return _error(499, "the client closed the connection")
+            work.result()
         except RequestFailed as exc:
             metrics.requests.labels(api, str(exc.status)).inc()
             return _error(exc.status, exc.message, "server_error")
         finally:
+            gone.cancel()
+            work.cancel()
             metrics.inflight.dec()
             metrics.e2e.observe(time.time() - job.arrival)
         metrics.ok[api].inc()
@@ -333,7 +412,7 @@ def create_app(cfg: RouterConfig, prompter: Prompter) -> FastAPI:
         max_new = _budget(body.model, len(ids), body.max_tokens, cfg.default_max_tokens)
         lp = body.logprobs is not None
         sampling = _sampling(body, max_new, lp, body.logprobs or 0)
-        return await _serve("completions", ids, sampling, body)
+        return await _serve(request, "completions", ids, sampling, body)
 
     @app.post(
         "/v1/chat/completions",
@@ -349,7 +428,7 @@ def create_app(cfg: RouterConfig, prompter: Prompter) -> FastAPI:
         max_tokens = body.max_completion_tokens or body.max_tokens
         max_new = _budget(body.model, len(ids), max_tokens, 256)
         sampling = _sampling(body, max_new, body.logprobs, body.top_logprobs or 0)
-        return await _serve("chat", ids, sampling, body)
+        return await _serve(request, "chat", ids, sampling, body)
 
     @app.exception_handler(HTTPException)
     async def _http(_: Request, exc: HTTPException) -> JSONResponse:

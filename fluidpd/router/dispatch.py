@@ -98,10 +98,20 @@ class Dispatcher:
                 "sampling": job.sampling,
                 "arrival": job.arrival,
             }
+            log.info(
+                "request %d admitted: %d prompt tokens, prefill %s, decode %s (attempt %d)",
+                job.rid, job.prompt_len, pair[0].worker, pair[1].worker, job.attempts,
+            )  # fmt: skip
             try:
                 async for event in self._attempt(job, *pair, deadline):
                     yield event
+                log.info(
+                    "request %d finished: %s, %d tokens", job.rid, job.finish_reason, job.tokens
+                )
                 return
+            except RequestFailed as exc:
+                log.warning("request %d failed: HTTP %d: %s", job.rid, exc.status, exc.message)
+                raise
             except _Retry as why:
                 self.retries += 1
                 log.info("request %d re-paired: %s", job.rid, why)
@@ -169,6 +179,7 @@ class Dispatcher:
             if task.cancelled() or job.tokens:
                 return
             status = task.result()
+            log.info("request %d prefill half: %s", job.rid, status)
             if status != "done":
                 failed_prefill.append(status)
                 self._abort(source, job.rid, f"prefill half {status}")
@@ -214,6 +225,8 @@ class Dispatcher:
                     await resp.content.read()
                     return
                 elif kind == "migrated":
+                    log.info("request %d migrated to %s after %d tokens", job.rid,
+                             event["url"], job.tokens)  # fmt: skip
                     resp.release()
                     source = self.workers.workers.get(
                         _worker_of(self.workers, event["url"]), source
@@ -233,6 +246,13 @@ class Dispatcher:
                     raise RequestFailed(
                         502, f"decode worker {source.worker}: {kind} {detail}".strip()
                     )
+        except (asyncio.CancelledError, GeneratorExit):
+            # The client went away (a streaming response is cancelled, a non-streaming one by
+            # the disconnect watcher): both halves stop now, not when their work is done.
+            log.info("request %d cancelled: the client went away", job.rid)
+            self._abort(p, job.rid, "client went away")
+            self._abort(source, job.rid, "client went away")
+            raise
         finally:
             resp.release()
             if not prefill.done():

@@ -65,13 +65,29 @@ class WorkerSet:
 
     def set(self, workers: dict[str, str]) -> None:
         """Replaces the worker set (id -> URL), keeping what is known of the ones that stay."""
+        self.workers = self._carried(workers)
+
+    def _carried(self, workers: dict[str, str]) -> dict[str, WorkerInfo]:
         current = self.workers
-        self.workers = {
-            wid: current[wid]
-            if wid in current and current[wid].url == url
+        return {
+            wid: current[wid] if wid in current and current[wid].url == url
             else WorkerInfo(wid, url)
             for wid, url in workers.items()
-        }
+        }  # fmt: skip
+
+    def usable(self) -> bool:
+        """There is a prefill and a decode worker to pair now."""
+        prefill, decode = self.pools()
+        return bool(prefill and decode)
+
+    async def usable_with(self, workers: dict[str, str]) -> bool:
+        """Would ``workers`` (id -> URL) be usable? Probes the ones not known yet."""
+        candidate = WorkerSet(self.pairing, self.poll_s)
+        candidate._headers, candidate._session = self._headers, self._session
+        candidate.workers = self._carried(workers)
+        unknown = [w for w in candidate.workers.values() if not w.healthy]
+        await asyncio.gather(*(candidate._poll(w, 1) for w in unknown))
+        return candidate.usable()
 
     def pools(self) -> tuple[list[str], list[str]]:
         now = time.time()

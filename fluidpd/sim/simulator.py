@@ -21,6 +21,7 @@ import numpy as np
 
 from fluidpd.core.fluidrole import FluidRoleConfig, FluidRolePolicy, SwitchDecision
 from fluidpd.core.fluidtoken import FluidTokenConfig
+from fluidpd.core.migration import plan_migration
 from fluidpd.core.pairing import LeastLoadedPairing, Pairing, RoundRobinPairing
 from fluidpd.core.profile import Profile
 from fluidpd.core.scheduler.messages import (
@@ -314,16 +315,14 @@ class Simulator:
 
     def _migrate_out(self, w: Worker) -> None:
         """Drain mode ``migrate``: move active requests with their KV to other decode workers."""
-        targets = [self.workers[d] for d in self.pool(Role.DECODE)]
-        for rid in list(w.decode.active):
-            slot = w.decode.active[rid]
-            generated = slot.generated(w.decode.iteration)
-            for t in sorted(targets, key=lambda x: -x.decode.allocatable()):
-                if t.decode.adopt(slot.req, generated):
-                    req, generated = w.decode.detach(rid)
-                    nbytes = w.decode.migration_bytes(req, generated)
-                    self._push(self.now + self._transfer.time(nbytes), _MIGRATE_DONE, rid, t)
-                    break
+        d = w.decode
+        peers = [self.workers[x].decode.room(x) for x in self.pool(Role.DECODE)]
+        for rid, peer in plan_migration(d.migrants(self._transfer.time), peers, d.step_s()):
+            t = self.workers[peer]
+            if t.decode.adopt(d.active[rid].req, d.active[rid].generated(d.iteration)):
+                req, generated = d.detach(rid)
+                nbytes = d.migration_bytes(req, generated)
+                self._push(self.now + self._transfer.time(nbytes), _MIGRATE_DONE, rid, t)
         self._flush(w)
 
     # -- FluidRole ------------------------------------------------------------------------------

@@ -20,6 +20,8 @@ if [ -n "${REPROFILE:-}" ]; then
     --out $OUT/llama-3.2-1b-h200.yaml --report $OUT/profile-llama-3.2-1b-h200.json 2>&1 | tail -3
   [ -s $OUT/llama-3.2-1b-h200.yaml ] && PROFILE=$OUT/llama-3.2-1b-h200.yaml
 fi
+# One token for up and replay: the router's /admin/stats (role switches in the results) takes it.
+export FLUIDPD_ADMIN_TOKEN=${FLUIDPD_ADMIN_TOKEN:-gpu-run}
 df -h /dev/shm | tail -1
 for RPS in "$@"; do
   for POLICY in static fluidpd; do

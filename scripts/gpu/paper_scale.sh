@@ -27,6 +27,8 @@
 set -x
 [ -n "${NO_SETUP:-}" ] || . scripts/gpu/setup.sh
 export FLUIDPD_TRACES_DIR=${FLUIDPD_TRACES_DIR:-$PWD/.gpudata/traces}
+# One token for up and replay: the router's /admin/stats (role switches in the results) takes it.
+export FLUIDPD_ADMIN_TOKEN=${FLUIDPD_ADMIN_TOKEN:-gpu-run}
 NGPU=${NGPU:-$(nvidia-smi -L | wc -l)}
 WORKERS=${WORKERS:-$NGPU}
 P=$((WORKERS / 2)); D=$((WORKERS - P)); PD=${P}P${D}D

@@ -86,3 +86,20 @@ def test_cannot_retire_mid_switch() -> None:
     sm.begin_drain(Role.PREFILL, 2.0)
     with pytest.raises(IllegalTransition):
         sm.begin_retire(3.0)
+
+
+def test_a_cancelled_retirement_returns_to_active_in_the_same_role() -> None:
+    sm = RoleStateMachine(Role.DECODE)
+    sm.begin_retire(1.0)
+    sm.cancel_retire(2.0)
+    assert (sm.role, sm.state, sm.retiring, sm.since) == (Role.DECODE, RoleState.ACTIVE, False, 2.0)
+    assert sm.accepting
+    with pytest.raises(IllegalTransition):
+        sm.cancel_retire(3.0)  # not retiring any more
+
+
+def test_only_a_retirement_can_be_cancelled() -> None:
+    sm = RoleStateMachine(Role.PREFILL)
+    sm.begin_drain(Role.DECODE, 1.0)
+    with pytest.raises(IllegalTransition):
+        sm.cancel_retire(2.0)

@@ -34,7 +34,7 @@ def test_killed_worker_is_dropped_and_nothing_hangs(stack_factory: Callable[...,
     result = asyncio.run(
         kill_drill(
             stack.endpoint, "llama-3.1-8b", None, stack.pids(), rps=6.0, before_s=4.0,
-            after_s=6.0, controller_log=stack.run_dir / "controller.log",
+            after_s=6.0, controller_log=stack.run_dir / "controller.log", token=stack.token,
         )
     )  # fmt: skip
     assert result["controller_switched_dead_worker"] is False

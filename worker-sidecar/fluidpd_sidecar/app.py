@@ -5,7 +5,7 @@ from __future__ import annotations
 import hmac
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
@@ -106,6 +106,11 @@ def create_app(service: SidecarService) -> FastAPI:
     async def post_retire(body: RetireRequest) -> RoleStatus:
         return service.retire(body)
 
+    @app.delete("/retire", dependencies=[Admin])
+    async def delete_retire() -> RoleStatus:
+        """Calls off a retirement: the worker returns to service in its role (idempotent)."""
+        return service.cancel_retire()
+
     # -- request halves (called by the router) --------------------------------------------------
     @app.post("/v1/internal/prefill", dependencies=[Admin])
     async def prefill(body: PrefillHalf) -> PrefillOutcome:
@@ -165,9 +170,12 @@ def create_app(service: SidecarService) -> FastAPI:
         return service.release(body.rid)
 
     @app.post("/v1/internal/adopt", dependencies=[Admin])
-    async def adopt(body: Adopt) -> dict[str, bool]:
-        service.adopt(body)
-        return {"ok": True}
+    async def adopt(body: Adopt) -> dict[str, Any]:
+        dest = service.adopt(body)
+        if dest is None:
+            return {"ok": True}
+        return {"ok": True, "kv_session": dest.session, "kv_addr": dest.addr,
+                "kv_nbytes": dest.nbytes}  # fmt: skip
 
     @app.post("/v1/internal/activate", dependencies=[Admin])
     async def activate(body: Abort) -> dict[str, bool]:

@@ -43,6 +43,7 @@ from fluidpd.api.internal import (
 )
 from fluidpd.api.sampling import SampledToken
 from fluidpd.core.fluidtoken import FluidTokenConfig
+from fluidpd.core.migration import Peer, plan_migration
 from fluidpd.core.profile import Profile
 from fluidpd.core.scheduler import messages as msg
 from fluidpd.core.scheduler.prefill import PrefillBatch
@@ -93,6 +94,9 @@ class SidecarConfig:
     bootstrap_timeout_s: float = 300.0
     #: Testing knob: every prefill runs with this stealing ratio (``PrefillSide.forced_steal``).
     force_steal: float | None = None
+    #: A migrated-in request that ended before the router re-attached to its event stream
+    #: keeps its events this long for the router to read (then it is dropped).
+    unclaimed_timeout_s: float = 60.0
 
     @property
     def context_limit(self) -> int:
@@ -143,6 +147,9 @@ class SidecarService:
         self.peers = Peers(cfg.admin_token)
         self.prefill_halves: dict[int, _PrefillHalf] = {}
         self.decode_halves: dict[int, _DecodeHalf] = {}
+        #: Ended decode halves nobody has read yet (migrated in, the router not yet attached),
+        #: with the time they ended: their events wait here for the router.
+        self._unclaimed: dict[int, tuple[_DecodeHalf, float]] = {}
         self._early_reserved: dict[int, Reserved] = {}
         #: Admitted decode halves waiting for arena room before their reservation is sent.
         self._awaiting_room: deque[msg.Reserved] = deque()
@@ -154,6 +161,8 @@ class SidecarService:
         self._last_switch: tuple[Role, Role, float, float] | None = None
         self._migrate_to: list[str] = []
         self._drain_started = 0.0
+        #: A retirement nobody completed (the worker was not deleted) ends at this time.
+        self._retire_until = float("inf")
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[None]] = set()
@@ -340,6 +349,10 @@ class SidecarService:
                 )
                 await self.peers.post(half.decode_url, "/v1/internal/handoff", body)
                 outcome = PrefillOutcome(status="done", stolen=half.req.stolen)
+                log.info(
+                    "request %d prefill done: %d tokens handed off (%d B), %d stolen",
+                    m.rid, m.prefix_tokens, nbytes, half.req.stolen,
+                )  # fmt: skip
         except Exception as exc:  # the transport or the peer failed: the half ends with an error
             log.warning("hand-off of %d failed: %s", m.rid, exc)
             outcome = PrefillOutcome(status="cancelled", detail=f"hand-off failed: {exc}")
@@ -418,11 +431,28 @@ class SidecarService:
         half = self.decode_halves.pop(rid, None)
         if half is None:
             return
+        if event.event == "done":
+            log.info("request %d finished (%s, %d tokens)", rid, event.finish_reason, event.n)
+        elif event.event == "error":
+            log.warning("request %d failed: %s", rid, event.detail)
+        else:
+            log.info("request %d ended here: %s (%s)", rid, event.event, event.detail)
         self._push(half, event)
         half.closed = True
         half.events.put_nowait(None)
+        if not half.subscribed:
+            # Migrated in and already over before the router came for its stream (it learns
+            # the new URL only after the activation): keep the events for it.
+            self._unclaimed[rid] = (half, time.time())
         self._free_room(half)
         self.engine.release(rid)
+
+    def expire_unclaimed(self, now: float) -> None:
+        """Drops ended, unread halves older than ``unclaimed_timeout_s`` (their router is gone)."""
+        limit = now - self.cfg.unclaimed_timeout_s
+        for rid in [r for r, (_, t) in self._unclaimed.items() if t <= limit]:
+            del self._unclaimed[rid]
+            log.info("request %d: migrated in and ended, but never claimed; dropped", rid)
 
     def _reroute(self, rid: int) -> None:
         if rid in self.prefill_halves:
@@ -442,6 +472,8 @@ class SidecarService:
             if now - last_sweep >= 1.0:
                 last_sweep = now
                 self._expire_bootstrap(now)
+                self.expire_unclaimed(now)
+                self.expire_retirement(now)
 
     def _expire_bootstrap(self, now: float) -> None:
         """Gives up halves whose peer never came through: a prefill half never reserved, a
@@ -528,10 +560,17 @@ class SidecarService:
         req = Request(half.rid, half.arrival, half.prompt_len, half.max_new_tokens)
         req.decode_worker = half.decode_worker
         future: asyncio.Future[PrefillOutcome] = asyncio.get_running_loop().create_future()
-        self.engine.admit(half.rid, half.prompt_ids, half.sampling)
+        try:
+            self.engine.admit(half.rid, half.prompt_ids, half.sampling)
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from exc
         self.prefill_halves[half.rid] = _PrefillHalf(req, half.decode_url, future)
         self._decode_urls[half.decode_worker] = half.decode_url
         self.worker.prefill.add(req)
+        log.info(
+            "request %d admitted for prefill (%d prompt tokens, decode on %s)",
+            half.rid, half.prompt_len, half.decode_worker,
+        )  # fmt: skip
         early = self._early_reserved.pop(half.rid, None)
         if early is not None:
             self.reserved(early)
@@ -555,7 +594,10 @@ class SidecarService:
         req = Request(half.rid, half.arrival, half.prompt_len, half.max_new_tokens)
         req.prefill_worker = half.prefill_worker
         stream = OutputStream(self.text, half.sampling, self.cfg.model.eos_token_ids)
-        self.engine.admit(half.rid, half.prompt_ids, half.sampling, output_ids or ())
+        try:
+            self.engine.admit(half.rid, half.prompt_ids, half.sampling, output_ids or ())
+        except ValueError as exc:  # the engine's own checks (its vocabulary): bad input
+            raise BadRequest(str(exc)) from exc
         state = _DecodeHalf(req, half.prefill_url, half, stream)
         if output_ids:
             stream.feed(SampledToken(i) for i in output_ids)
@@ -571,6 +613,10 @@ class SidecarService:
         state = self._decode_state(half)
         self.decode_halves[half.rid] = state
         self.worker.decode.add(state.req)
+        log.info(
+            "request %d admitted for decode (%d prompt tokens, up to %d new, prefill on %s)",
+            half.rid, half.prompt_len, half.max_new_tokens, half.prefill_worker,
+        )  # fmt: skip
         self._dispatch()
         self.wake()
         return state
@@ -590,11 +636,14 @@ class SidecarService:
                     return
                 yield event.model_dump_json().encode() + b"\n"
         finally:
+            self._unclaimed.pop(half.req.rid, None)
             if not half.closed:
                 self.abort(Abort(rid=half.req.rid, reason="router went away"))
 
     def decode_half(self, rid: int) -> _DecodeHalf:
         half = self.decode_halves.get(rid)
+        if half is None and rid in self._unclaimed:
+            half = self._unclaimed[rid][0]
         if half is None:
             raise NotFound(f"no decode half for request {rid} here")
         return half
@@ -662,6 +711,9 @@ class SidecarService:
                 # hand-off, which sees ``aborted`` and releases it.)
                 self._resolve_prefill(rid, PrefillOutcome(status="cancelled", detail=body.reason))
         self._early_reserved.pop(rid, None)
+        if rid in self._unclaimed:
+            found = True  # it ended already; its events wait for a reader that is not coming
+            del self._unclaimed[rid]
         if rid in self.decode_halves:
             found = True
             self.worker.decode.cancel(rid)
@@ -679,29 +731,57 @@ class SidecarService:
         return Released(released=True)
 
     # -- migration (drain "migrate") ---------------------------------------------------------
-    def adopt(self, body: Adopt) -> None:
+    @property
+    def _moves_kv(self) -> bool:
+        """The engine's decode KV travels with a migrated request (real bytes; the ``sim``
+        engine's outputs need none, so it moves only the modelled time)."""
+        return hasattr(self.engine, "export_decode") and self.transfer.arena_bytes > 0
+
+    def adopt(self, body: Adopt) -> KVDest | None:
+        """Takes over a request migrating in; returns where its KV is to be written."""
         self._check_accepting(Role.DECODE)
         if not getattr(self.engine, "migrates_kv", True):
             raise Conflict(f"engine {self.engine.name} cannot adopt a request without its KV")
         half = body.half
         self._check_half(half)
-        if half.rid in self.decode_halves:
+        if half.rid in self.decode_halves or half.rid in self._unclaimed:
             raise Conflict(f"request {half.rid} is already here")
         state = self._decode_state(half, body.output_ids)
         state.req.first_token_t = body.first_token_t
         if not self.worker.decode.adopt(state.req, body.generated):
             self.engine.release(half.rid)
             raise Conflict(f"no KV room for request {half.rid}")
+        if self._moves_kv:
+            tokens = half.prompt_len + body.generated - 1
+            state.dest = self.transfer.reserve(self.engine.kv_wire_bytes(tokens))
+            if state.dest is None:
+                self.worker.decode.cancel(half.rid)
+                self.engine.release(half.rid)
+                raise Conflict(f"no KV transport room for request {half.rid}")
         self.decode_halves[half.rid] = state
+        log.info("request %d adopted (migrating in after %d tokens)", half.rid, body.generated)
+        return state.dest
 
     def activate(self, rid: int) -> None:
-        if rid not in self.decode_halves:
+        half = self.decode_halves.get(rid)
+        if half is None or rid not in self.worker.decode.migrating_in:
             raise NotFound(f"no adopted request {rid} here")
+        if half.dest is not None:
+            view = getattr(self.transfer, "view")  # noqa: B009 - byte-moving transports only
+            self.metrics.kv_received.labels(self.cfg.worker_id).inc(half.dest.nbytes)
+            self._verify_kv(half)
+            try:
+                self.engine.import_decode(rid, view(half.dest.addr, half.dest.nbytes))  # type: ignore[attr-defined]
+            except ValueError as exc:
+                self.worker.decode.cancel(rid)
+                self._end_decode(rid, DecodeEvent(event="error", detail=f"KV import: {exc}"))
+                raise BadRequest(str(exc)) from exc
         self.worker.decode.activate(rid)
         self.wake()
 
-    async def _pick_target(self) -> str | None:
-        best: tuple[int, str] | None = None
+    async def _peer_room(self) -> list[Peer]:
+        """The migration peers that are Active decode workers now, with their free KV."""
+        room = []
         for url in self._migrate_to:
             try:
                 p = await self.peers.get(url, "/pressure")
@@ -710,22 +790,21 @@ class SidecarService:
             if p.get("role") != Role.DECODE.value or p.get("state") != RoleState.ACTIVE.value:
                 continue
             free = allocatable_kv(int(p["kv_capacity"]), int(p["kv_used"]), int(p["kv_reserved"]))
-            if best is None or free > best[0]:
-                best = (free, url)
-        return best[1] if best else None
+            # Its running-request limit is not in /pressure: its adopt answers 409 when full.
+            room.append(Peer(url, free, 1 << 30))
+        return room
 
     async def _migrate_out(self) -> None:
         d = self.worker.decode
-        if not d.migrate_on_drain or not d.active:
+        if not d.migrate_on_drain or not d.active or d.running is not None:
             return
-        for rid in list(d.active):
+        move_s = self.cfg.profile.transfer_model().time
+        plan = plan_migration(d.migrants(move_s), await self._peer_room(), d.step_s())
+        for rid, target in plan:
             half = self.decode_halves.get(rid)
             slot = d.active.get(rid)
             if half is None or slot is None or d.running is not None:
                 continue
-            target = await self._pick_target()
-            if target is None:
-                return
             generated = slot.generated(d.iteration)
             if self._advance(half, generated):
                 d.finish_early(rid, time.time())  # it stopped: it finishes here instead
@@ -739,32 +818,58 @@ class SidecarService:
                 first_token_t=half.req.first_token_t,
             )
             try:
-                await self.peers.post(target, "/v1/internal/adopt", body)
+                answer = await self.peers.post(target, "/v1/internal/adopt", body)
             except PeerError as exc:
                 log.info("migration of %d to %s refused: %s", rid, target, exc)
                 continue
-            if rid not in d.active:  # finished or aborted while we asked
+            if rid not in d.active:
+                # Finished or aborted while we asked: the adopted copy must not decode alone.
+                self._spawn(self._abort_peer(target, rid, "migration source ended it"))
                 continue
             req, generated = d.detach(rid)
             nbytes = d.migration_bytes(req, generated)
+            dest = None
+            if answer.get("kv_nbytes"):
+                dest = KVDest(
+                    answer["kv_session"], int(answer["kv_addr"]), int(answer["kv_nbytes"])
+                )
+            detach = getattr(self.engine, "detach", None)
+            if detach is not None:
+                detach(rid)  # out of the engine's next step: its KV must not grow while copied
             self.decode_halves.pop(rid, None)
-            self._spawn(self._move(half, target, nbytes))
+            self._spawn(self._move(half, target, nbytes, dest, generated))
 
-    async def _move(self, half: _DecodeHalf, target: str, nbytes: int) -> None:
+    async def _move(
+        self, half: _DecodeHalf, target: str, nbytes: int, dest: KVDest | None, generated: int
+    ) -> None:
         rid = half.req.rid
         try:
-            await self.transfer.send(None, None, nbytes)
+            if dest is not None and self._moves_kv:
+                region = await self.engine.export_decode(rid, generated)  # type: ignore[attr-defined]
+                await self.transfer.send(region.addr, dest, region.nbytes)
+                self.metrics.kv_sent.labels(self.cfg.worker_id).inc(region.nbytes)
+            else:
+                await self.transfer.send(None, None, nbytes)
             await self.peers.post(
                 target, "/v1/internal/activate", Abort(rid=rid, reason="migrated")
             )
             self._push(half, DecodeEvent(event="migrated", url=target, n=half.fed))
+            log.info("request %d migrated to %s after %d tokens", rid, target, half.fed)
         except Exception as exc:
+            log.warning("request %d failed: migration to %s failed: %s", rid, target, exc)
             self._push(half, DecodeEvent(event="error", detail=f"migration failed: {exc}"))
+            await self._abort_peer(target, rid, "migration failed")
         finally:
             half.closed = True
             half.events.put_nowait(None)
             self.engine.release(rid)
             self.wake()
+
+    async def _abort_peer(self, url: str, rid: int, reason: str) -> None:
+        try:
+            await self.peers.post(url, "/v1/internal/abort", Abort(rid=rid, reason=reason))
+        except PeerError as exc:
+            log.info("abort of %d on %s not delivered: %s", rid, url, exc)
 
     # -- FluidRole ----------------------------------------------------------------------------
     def role_status(self) -> RoleStatus:
@@ -808,7 +913,9 @@ class SidecarService:
             raise Conflict(
                 f"a switch to {w.role_sm.target.value if w.role_sm.target else '?'} is under way"
             )
-        w.begin_retire(time.time(), body.drain)
+        now = time.time()
+        w.begin_retire(now, body.drain)
+        self._retire_until = now + body.return_after_s if body.return_after_s else float("inf")
         self._migrate_to = [u for u in body.migrate_to if u.rstrip("/") != self.cfg.url.rstrip("/")]
         self._dispatch()
         if w.role is Role.DECODE:
@@ -816,6 +923,24 @@ class SidecarService:
         log.info("retiring (drain %s)", body.drain.value)
         self.wake()
         return self.role_status()
+
+    def cancel_retire(self, why: str = "cancelled") -> RoleStatus:
+        """Calls off a scale-in: the worker takes work again in its role; idempotent."""
+        w = self.worker
+        if not w.retiring:
+            return self.role_status()
+        w.cancel_retire(time.time())
+        self._retire_until = float("inf")
+        self._migrate_to = []
+        log.info("retirement %s: back in service as %s", why, w.role.value)
+        self.wake()
+        return self.role_status()
+
+    def expire_retirement(self, now: float) -> None:
+        """A retirement still here ``return_after_s`` after it began was abandoned (nobody
+        deleted the worker): return to service rather than stay out of it for good."""
+        if self.worker.retiring and now >= self._retire_until:
+            self.cancel_retire("not completed in time (the worker was not removed)")
 
     async def _release_reserved(self) -> None:
         """D->P: requests holding a reservation here whose prefill has not started are re-paired,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fluidpd.core.fluidtoken import (
@@ -12,6 +13,7 @@ from fluidpd.core.fluidtoken import (
     steal_budget,
     tpot_slack,
 )
+from fluidpd.core.migration import Migrant, Peer
 from fluidpd.core.predictors import DecodeIterPredictor, SuffixPredictor, TransferModel
 from fluidpd.core.scheduler.messages import Finished, FirstToken, Message, Reroute, Reserved
 from fluidpd.core.signals import allocatable_kv, dpi_adm, dpi_load
@@ -324,6 +326,26 @@ class DecodeSide:
 
     def migration_bytes(self, req: Request, generated: int) -> int:
         return (req.prompt_len + generated) * self.kv_bytes_per_token
+
+    def migrants(self, move_s: Callable[[int], float]) -> list[Migrant]:
+        """The active requests as drain-migrate candidates (``move_s``: seconds to move a
+        number of KV bytes, the transfer model)."""
+        out = []
+        for rid, slot in self.active.items():
+            g = slot.generated(self.iteration)
+            nbytes = self.migration_bytes(slot.req, g)
+            remaining = max(0, slot.req.max_new_tokens - g)
+            out.append(Migrant(rid, self.commitment(slot.req), remaining, move_s(nbytes)))
+        return out
+
+    def room(self, name: str) -> Peer:
+        """What this worker could still adopt, as a migration peer."""
+        return Peer(name, self.kv_capacity - self.committed, self.max_running - self.held)
+
+    def step_s(self) -> float:
+        """Predicted seconds of one iteration of the current batch (a token's time here)."""
+        n = len(self.active)
+        return self.decode.time(n, self.context) if n else 0.0
 
     # -- FluidRole ----------------------------------------------------------------------------
     def begin_drain(self, migrate: bool) -> None:

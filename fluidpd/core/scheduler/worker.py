@@ -178,6 +178,14 @@ class Worker:
         else:
             self.decode.begin_drain(drain is DrainMode.MIGRATE)
 
+    def cancel_retire(self, now: float) -> None:
+        """Back to Active in the current role: the retirement was called off (the side takes
+        new work again; what was handed back was re-paired elsewhere)."""
+        self.role_sm.cancel_retire(now)
+        if self.role is Role.DECODE:
+            self.decode.admitting = True
+            self.decode.migrate_on_drain = False
+
     @property
     def retiring(self) -> bool:
         return self.role_sm.retiring

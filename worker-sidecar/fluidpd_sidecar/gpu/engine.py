@@ -78,9 +78,9 @@ class EngineStats:
 
 class GpuEngine:
     name = "gpu"
-    #: A migrate drain moves no KV bytes yet (the sidecar's ``_move`` sends none), so this
-    #: engine refuses adoption and a D->P drain waits for its requests instead.
-    migrates_kv = False
+    #: A migrate drain moves an active request's KV (prompt and generated tokens) with the KV
+    #: transport: ``detach`` / ``export_decode`` on the source, ``import_decode`` on the peer.
+    migrates_kv = True
 
     def __init__(
         self,
@@ -323,6 +323,57 @@ class GpuEngine:
     def take_loaded(self) -> list[int]:
         loaded, self._loaded = self._loaded, []
         return loaded
+
+    # -- migration (drain "migrate") ------------------------------------------------------------
+    def detach(self, rid: int) -> None:
+        """The request leaves this engine's batch now (it is moving away); its KV stays until
+        ``export_decode`` has copied it and ``release`` frees it."""
+        if rid in self._running:
+            self._running.remove(rid)
+        if rid in self._joining:
+            self._joining.remove(rid)
+
+    async def export_decode(self, rid: int, generated: int) -> KVRegion:
+        """Stages the KV of the prompt and the first ``generated - 1`` output tokens (the last
+        output token has no KV yet: the next step feeds it) in the transport's memory."""
+        req = self._request(rid)
+        if self._staging is None:
+            raise ValueError("the gpu engine migrates KV only with a byte-moving transport")
+        if not 1 <= generated <= len(req.out):
+            raise ValueError(f"request {rid}: {generated} tokens to move, {len(req.out)} made")
+        tokens = len(req.ids) + generated - 1
+        region = await self._stage(self.kv_wire_bytes(tokens))
+        self._staged[rid] = region  # ``release`` gives it back
+        await self._run(self._export_job, rid, tokens, region)
+        return region
+
+    def _export_job(self, rid: int, tokens: int, region: KVRegion) -> None:
+        assert self._staging is not None
+        have = self.runner.cache.lengths.get(rid, 0)
+        if have < tokens:
+            raise ValueError(f"request {rid}: {have} KV positions, {tokens} to move")
+        t0 = time.perf_counter()
+        kv = self.runner.export(rid, tokens)  # a prefix: positions past it are not moved
+        self.stats.staged_bytes += wire.write(self._staging.view(region.addr, region.nbytes),
+                                              rid, -1, kv)  # fmt: skip
+        self.stats.stage_s += time.perf_counter() - t0
+
+    def import_decode(self, rid: int, view: memoryview) -> None:
+        """A migrated request's KV arrived in ``view``: it is loaded before the next step and
+        the request decodes on from its last output token (``admit`` gave the outputs)."""
+        req = self._request(rid)
+        tokens = len(req.ids) + len(req.out) - 1
+        if not req.out:
+            raise ValueError(f"request {rid}: migrated in without output tokens")
+        head = wire.read_header(view)
+        if head.tokens != tokens or head.layers != self.cfg.layers:
+            raise ValueError(
+                f"request {rid}: KV of {head.tokens} tokens x {head.layers} layers arrived, "
+                f"{tokens} x {self.cfg.layers} expected"
+            )
+        generated = [t.id for t in req.out]
+        self._imports.append(_Import(rid, view, tokens, req.ids, req.params, generated))
+        self._joining.append(rid)
 
     def outputs(self, rid: int, start: int, stop: int) -> list[SampledToken]:
         req = self._requests.get(rid)

@@ -1,0 +1,117 @@
+"""D->P drain ``migrate`` of a decode worker holding N active requests, with real KV (gpu
+engine, shm transport), against the same requests never migrated.
+
+A 1P2D stack; phase ``reference`` sends the N*2 requests (greedy, ``--prompt-len``-token
+prompts, ``--max-tokens`` outputs) and nothing switches; phase ``migrate`` sends the same
+requests and, once decode worker w1 holds ``--active`` of them, switches w1 to prefill with
+drain ``migrate`` towards w2. Reports the drain time (the sidecar's own record: drain start to
+Active in the new role), how many requests moved, and whether every output equals its
+reference text. Different batch compositions can flip a bf16 argmax without any migration,
+so a ``control`` phase (the reference again) says how often that happens by itself.
+
+``python scripts/gpu/migrate_drain.py --out X.json -- <extra fluidpd up args>``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from fluidpd.drills.admin import admin_session, get_json
+from fluidpd.drills.stack import LocalStack
+
+
+async def _one(s: aiohttp.ClientSession, endpoint: str, model: str, ids: list[int],
+               max_tokens: int) -> dict[str, Any]:  # fmt: skip
+    body = {"model": model, "prompt": ids, "max_tokens": max_tokens, "temperature": 0,
+            "ignore_eos": True}  # fmt: skip
+    async with s.post(f"{endpoint}/v1/completions", json=body,
+                      timeout=aiohttp.ClientTimeout(total=600)) as r:  # fmt: skip
+        data = await r.json()
+    if r.status != 200:
+        return {"error": str(data)[:300]}
+    return {"text": data["choices"][0]["text"], "tokens": data["usage"]["completion_tokens"]}
+
+
+async def phase(stack: LocalStack, model: str, prompts: list[list[int]], max_tokens: int,
+                switch_at: int | None) -> dict[str, Any]:  # fmt: skip
+    async with admin_session(stack.token) as s:
+        tasks = [asyncio.create_task(_one(s, stack.endpoint, model, p, max_tokens))
+                 for p in prompts]  # fmt: skip
+        switch: dict[str, Any] = {}
+        if switch_at is not None:
+            w1, w2 = stack.workers["w1"], stack.workers["w2"]
+            # Until w1 holds ``switch_at`` (or, if it never does, the most it held for 60 s).
+            t_wait, most = time.time(), 0
+            while time.time() - t_wait < 60:
+                most = max(most, (await get_json(s, f"{w1}/pressure"))["batch"])
+                if most >= switch_at:
+                    break
+                await asyncio.sleep(0.02)
+            print(f"switching w1 with {most} active", flush=True)
+            before = await get_json(s, f"{w1}/pressure")
+            body = {"role": "prefill", "drain": "migrate", "migrate_to": [w2]}
+            t0 = time.time()
+            async with s.post(f"{w1}/role", json=body) as r:
+                assert r.status == 200, await r.text()
+            while True:
+                p = await get_json(s, f"{w1}/pressure")
+                if p["switches"] > before["switches"]:
+                    break
+                await asyncio.sleep(0.01)
+            switch = {"active_at_switch": before["batch"], "drain_s":
+                      round(p["last_switch_finished"] - p["last_switch_started"], 3),
+                      "observed_s": round(time.time() - t0, 3)}  # fmt: skip
+        results = await asyncio.gather(*tasks)
+    return {"switch": switch, "results": results}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--active", type=int, default=32, help="active requests on w1 at the switch")
+    ap.add_argument("--prompt-len", type=int, default=2048)
+    ap.add_argument("--max-tokens", type=int, default=512)
+    ap.add_argument("--model", default="llama-3.1-8b", help="the served model name")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("up", nargs="*", help="after --: extra fluidpd up arguments")
+    args = ap.parse_args()
+    rng = random.Random(0)
+    # Ids every model here has (the tiny CPU twins have 512): random prompts, so no prefix is
+    # shared between requests.
+    prompts = [[rng.randrange(10, 500) for _ in range(args.prompt_len)]
+               for _ in range(2 * args.active)]  # fmt: skip
+    run_dir = Path(args.out).parent / "migrate-drain-stack"
+    out: dict[str, Any] = {"command": "python " + " ".join(sys.argv), "args": vars(args)}
+    with LocalStack(run_dir, "1P2D", "static", *args.up, token="migrate-drain") as stack:
+        ref = asyncio.run(phase(stack, args.model, prompts, args.max_tokens, None))
+        print("reference phase done", flush=True)
+        ctl = asyncio.run(phase(stack, args.model, prompts, args.max_tokens, None))
+        print("control phase done", flush=True)
+        mig = asyncio.run(phase(stack, args.model, prompts, args.max_tokens, args.active))
+        out["orphans"] = stack.stop()
+    ref_text = [r.get("text") for r in ref["results"]]
+
+    def same(res: dict[str, Any]) -> dict[str, Any]:
+        texts = [r.get("text") for r in res["results"]]
+        errors = [r["error"] for r in res["results"] if "error" in r]
+        pairs = zip(texts, ref_text, strict=True)
+        return {"equal": sum(a is not None and a == b for a, b in pairs),
+                "of": len(texts), "errors": errors[:5], "n_errors": len(errors)}  # fmt: skip
+
+    out["control_vs_reference"] = same(ctl)
+    out["migrated_vs_reference"] = same(mig)
+    out["switch"] = mig["switch"]
+    print(json.dumps({k: v for k, v in out.items() if k != "args"}, indent=1))
+    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
