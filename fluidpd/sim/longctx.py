@@ -89,7 +89,7 @@ def bursty_arrivals(n: int, rps: float, rng: np.random.Generator) -> FloatArray:
     span = float(arrivals[-1])
     if n > 1 and span > 0:
         arrivals *= (n - 1) / rps / span
-    return arrivals.astype(np.float64)
+    return np.asarray(arrivals, dtype=np.float64)
 
 
 def build_long(

@@ -31,6 +31,7 @@ import numpy as np
 from fluidpd.core.fluidrole import FluidRoleConfig, FluidRolePolicy, SwitchDecision
 from fluidpd.core.fluidtoken import FluidTokenConfig
 from fluidpd.core.pairing import LeastLoadedPairing, Pairing, RoundRobinPairing
+from fluidpd.core.policy_forecast import CapacityModel, DemandWindow
 from fluidpd.core.profile import Profile
 from fluidpd.core.scheduler.decode import DecodeBatch
 from fluidpd.core.scheduler.messages import (
@@ -165,7 +166,11 @@ class Simulator:
         self.pairing: Pairing = self._make_pairing(cfg.pairing)
         # The policy also runs (disabled) under other mechanisms: its pool pressure feeds the
         # time series and the autoscale baseline.
-        self.role_policy = FluidRolePolicy(replace(cfg.role_cfg, enabled=cfg.mechanisms.fluidrole))
+        self.role_policy = FluidRolePolicy(
+            replace(cfg.role_cfg, enabled=cfg.mechanisms.fluidrole),
+            CapacityModel.from_profile(cfg.profile, cfg.slo),
+        )
+        self._demand = DemandWindow(cfg.profile.prefill_predictor())
         self._drain_started: dict[str, float] = {}
         self.switches: list[RoleSwitch] = []
         self.scale_outs: list[dict[str, object]] = []
@@ -449,7 +454,7 @@ class Simulator:
             self._sync(w)
         n_prefill = max(1, len(self.pool(Role.PREFILL)))
         signals = [w.pressure(self.now, n_prefill).signals() for w in self.workers.values()]
-        decision = self.role_policy.observe(self.now, signals)
+        decision = self.role_policy.observe(self.now, signals, self._demand.demand(self.now))
         if isinstance(decision, SwitchDecision) and self.cfg.mechanisms.fluidrole:
             self.begin_switch(decision.worker, decision.target, decision.drain_mode)
         if self.cfg.mechanisms.autoscale:
@@ -534,6 +539,7 @@ class Simulator:
             elif kind == _ARRIVE:
                 assert isinstance(a, Request)
                 self._waiting_first.append(a)
+                self._demand.add(t, a.prompt_len, a.max_new_tokens)
                 self._dispatch(a)
             elif kind == _HANDOFF_DONE:
                 assert isinstance(a, Handoff)
