@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 
 from fluidpd.cli.errors import UserError
-from fluidpd.cli.options import add_float, positive_int
-from fluidpd.core.fluidrole import FluidRoleConfig
+from fluidpd.cli.options import add_float, non_negative_int, positive_int
+from fluidpd.core.fluidrole import FluidRoleConfig, SwitchRule
 from fluidpd.core.fluidtoken import FluidTokenConfig
 from fluidpd.core.types import SLO, DrainMode
 
@@ -46,6 +46,19 @@ def add_fluidrole_options(g: Group) -> None:
         choices=[m.value for m in DrainMode],
         default=DrainMode.MIGRATE.value,
         help="D->P drain: migrate active requests (default) or wait for them (paper)",
+    )
+    g.add_argument(
+        "--switch-rule",
+        choices=[r.value for r in SwitchRule],
+        default=SwitchRule.PREDICTIVE.value,
+        help="predictive (default): switch only when the forecast gain beats the drain cost, "
+        "undo a refuted switch; paper: eqs. (22)-(23) alone",
+    )
+    g.add_argument(
+        "--switch-budget",
+        type=non_negative_int,
+        default=2,
+        help="at most this many switches per 10 minutes (0 = no limit; anti-flap)",
     )
     g.add_argument(
         "--min-prefill",
@@ -92,6 +105,8 @@ def fluidrole_config(args: argparse.Namespace) -> FluidRoleConfig:
             min_prefill=args.min_prefill,
             min_decode=args.min_decode,
             drain_mode=DrainMode(args.drain_mode),
+            switch_rule=SwitchRule(args.switch_rule),
+            switch_budget=args.switch_budget,
         )
     except ValueError as exc:
         raise UserError(str(exc)) from None
@@ -102,6 +117,7 @@ def fluidrole_argv(args: argparse.Namespace) -> list[str]:
     names = (
         "ppi_low", "ppi_high", "dpi_load_high", "dpi_adm_high", "interval", "window",
         "n_persist", "cooldown", "reversal_cooldown", "drain_mode", "min_prefill", "min_decode",
+        "switch_rule", "switch_budget",
     )  # fmt: skip
     argv: list[str] = []
     for name in names:

@@ -105,6 +105,7 @@ def _run_simulated(spec: RunSpec, workload: Workload) -> RunOutput:
         {
             "role_switches": [s.as_dict() for s in result.switches],
             "stolen_tokens": result.stolen_tokens,
+            "capped_prompts": workload.capped_prompts,
             "window_attainment": windowed_attainment(result.requests, workload.windows, spec.slo),
             "scale_outs": result.scale_outs,
             "events": result.events,
@@ -169,6 +170,7 @@ def _run_oracle(spec: RunSpec, workload: Workload) -> RunOutput:
             "stolen_tokens": 0,
             "window_attainment": windowed_attainment(chosen, workload.windows, spec.slo),
             "oracle_splits": splits,
+            "capped_prompts": workload.capped_prompts,
             "scale_outs": [],
             "wall_s": round(time.perf_counter() - t0, 3),
         }

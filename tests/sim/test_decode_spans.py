@@ -8,10 +8,10 @@ import math
 import numpy as np
 import pytest
 
-import fluidpd.sim.simulator as simulator
 from fluidpd.core.scheduler.decode import slack_bank_after, slack_bank_update
 from fluidpd.core.types import SLO
 from fluidpd.profiles import resolve_profile
+from fluidpd.sim import simulator
 from fluidpd.sim.policies import MECHANISMS
 from fluidpd.sim.simulator import SimConfig, simulate
 from fluidpd.sim.workloads import build_workload
