@@ -120,7 +120,7 @@ def _run_simulated(spec: RunSpec, workload: Workload) -> RunOutput:
     return RunOutput(record, series)
 
 
-def _run_oracle(spec: RunSpec, workload: Workload) -> RunOutput:
+def run_oracle(spec: RunSpec, workload: Workload) -> RunOutput:
     """Best static split per workload window in hindsight, reconfigured instantly at window
     edges (each window replayed on a fresh deployment of that split); with one window (mixed)
     this is the best single static split."""
@@ -181,7 +181,7 @@ def _run_oracle(spec: RunSpec, workload: Workload) -> RunOutput:
 def run_one(spec: RunSpec) -> RunOutput:
     workload = spec.build_workload()
     if spec.policy == "oracle":
-        return _run_oracle(spec, workload)
+        return run_oracle(spec, workload)
     return _run_simulated(spec, workload)
 
 
