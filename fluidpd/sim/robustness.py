@@ -47,6 +47,11 @@ RATE_FRACTIONS = (0.6, 0.9, 1.2)
 
 @dataclass(frozen=True, slots=True)
 class SuiteSize:
+    """A factorial matrix (every combination of the tuples), or, when ``one_factor`` is set,
+    only the cells that differ from the base deployment (first profile, ``medium``, first
+    worker count) in at most one of profile, SLO and worker count: every dimension is covered
+    without the full product."""
+
     long_requests: int
     azure_thin: int
     workloads: tuple[str, ...]
@@ -54,10 +59,28 @@ class SuiteSize:
     slos: tuple[str, ...]
     workers: tuple[int, ...]
     fractions: tuple[float, ...]
+    one_factor: bool = False
+    #: Workloads of the cells off the base deployment (one-factor matrices).
+    side_workloads: tuple[str, ...] = ()
 
 
 SIZES = {
+    # Every combination: about 600 cells, hours on a 2-core machine.
     "full": SuiteSize(800, 15, WORKLOADS, PROFILES, tuple(SLOS), WORKERS, RATE_FRACTIONS),
+    # The committed run: every workload at every rate on the base deployment, and three
+    # workloads (one Azure, one Poisson and one bursty long-context) on every other profile,
+    # SLO and size.
+    "standard": SuiteSize(
+        600,
+        20,
+        WORKLOADS,
+        PROFILES,
+        tuple(SLOS),
+        WORKERS,
+        RATE_FRACTIONS,
+        one_factor=True,
+        side_workloads=("azure-staged", "long-chat-poisson", "long-long-bursty"),
+    ),
     # CI: every dimension present, one value of most.
     "ci": SuiteSize(
         300,
@@ -86,10 +109,15 @@ class Cell:
 
 
 def cells(size: SuiteSize) -> Iterator[Cell]:
+    base = (size.profiles[0], "medium", size.workers[0])
     for profile in size.profiles:
         for slo in size.slos:
             for workers in size.workers:
-                for workload in size.workloads:
+                off = sum(a != b for a, b in zip((profile, slo, workers), base, strict=True))
+                if size.one_factor and off > 1:
+                    continue
+                names = size.workloads if off == 0 or not size.one_factor else size.side_workloads
+                for workload in names:
                     for fraction in size.fractions:
                         yield Cell(workload, profile, slo, workers, fraction)
 

@@ -15,6 +15,7 @@ from fluidpd.core.fluidrole import (
     SwitchRule,
     WorkerSignals,
 )
+from fluidpd.core.fluidtoken import FluidTokenConfig
 from fluidpd.core.policy_forecast import (
     CapacityModel,
     Demand,
@@ -23,7 +24,8 @@ from fluidpd.core.policy_forecast import (
     clearly_worth,
     prefill_headroom,
 )
-from fluidpd.core.types import SLO, Role, RoleState
+from fluidpd.core.scheduler.worker import Worker
+from fluidpd.core.types import SLO, Request, Role, RoleState
 from fluidpd.profiles import resolve_profile
 
 SLO_ = SLO(2.0, 0.1)
@@ -148,3 +150,14 @@ def test_demand_window_keeps_running_sums() -> None:
     assert d.samples == 100 and math.isclose(d.rate, 10.0)
     assert math.isclose(d.prompt, sum(1000 + i for i in range(100, 200)) / 100)
     assert d.full_window and d.reliable
+
+
+def test_no_steal_budget_while_requests_wait_for_decode_kv() -> None:
+    profile = resolve_profile("llama-3.1-8b", "a100-80gb", None)
+    w = Worker.create("d0", Role.DECODE, profile, SLO_, FluidTokenConfig())
+    assert w.decode.steal_budget(1) > 0
+    big = profile.kv.capacity_tokens // 2
+    for rid in range(3):  # the third does not fit and waits in the prealloc queue
+        w.decode.add(Request(rid, 0.0, big - 10, 5))
+    assert w.decode.prealloc
+    assert w.decode.steal_budget(1) == 0.0

@@ -472,7 +472,9 @@ class DecodeSide:
         bound, so that budgets refreshed every prefill iteration cannot pile up more stolen
         work than one eligible iteration can absorb.
         """
-        if not self.admitting:
+        if not self.admitting or self.prealloc:
+            # Requests already wait for KV here: decode admission is the bottleneck, and an
+            # extend would only lengthen the iterations whose finishes free that KV.
             return 0.0
         n, ctx = len(self.active), self.context
         slack = tpot_slack(self.slo.tpot, self.decode, n, ctx)
