@@ -116,7 +116,7 @@ def format_summary(summaries: Sequence[WorkloadSummary]) -> str:
             lines.append("  the oracle reaches 90 % at no rate")
         if s.gain_pp is not None:
             static, fluidpd = 100 * (s.mismatch_static or 0), 100 * (s.mismatch_fluidpd or 0)
-            what = "most mismatched static rate" if s.has_oracle else "largest oracle-free gap at"
+            what = "most mismatched static rate" if s.has_oracle else "best FluidPD - static at"
             lines.append(
                 f"  {what} {s.mismatch_rps:g} req/s: static {static:.1f} %,"
                 f" FluidPD {fluidpd:.1f} % ({s.gain_pp:+.1f} pp)"
