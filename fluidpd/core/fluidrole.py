@@ -317,7 +317,7 @@ class FluidRolePolicy:
             settled = demand.full_window and now >= self._last_switch_end + self.cfg.settle_s
             observed = max(pressure.dpi_load_bar, pressure.dpi_adm_bar) if settled else None
             forecast = self.model.forecast(
-                demand, split, source, self.cfg.horizon_s, migrate, observed
+                demand, split, source, self.cfg.horizon_s, migrate, observed, pressure.ppi_bar
             )
             self.last_forecast = forecast
             if not clearly_worth(forecast, self.cfg.gain_margin):

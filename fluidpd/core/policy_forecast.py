@@ -159,9 +159,11 @@ class CapacityModel:
         held = concurrency + d.rate / n_decode * d.prefill_s
         return max(compute, held * commit / self.kv_capacity)
 
-    def bottleneck(self, d: Demand, split: Split, decode_scale: float = 1.0) -> float:
+    def bottleneck(
+        self, d: Demand, split: Split, decode_scale: float = 1.0, prefill_scale: float = 1.0
+    ) -> float:
         decode = decode_scale * self.decode_ratio(d, split.n_decode)
-        return max(self.prefill_ratio(d, split.n_prefill), decode)
+        return max(prefill_scale * self.prefill_ratio(d, split.n_prefill), decode)
 
     def drain_seconds(self, d: Demand, source: Role, migrate: bool) -> float:
         """Forecast drain + flip time: a prefill worker finishes about one prompt; a decode
@@ -181,14 +183,18 @@ class CapacityModel:
         horizon_s: float,
         migrate: bool,
         observed_decode: float | None = None,
+        observed_prefill: float | None = None,
     ) -> Forecast:
         """The switch's forecast. ``observed_decode`` (max of the decode pool's DPI-bar_load
-        and DPI-bar_adm, the same ratio measured) rescales the decode forecast so that the
-        model is only trusted for how the load changes with the pool size."""
+        and DPI-bar_adm, the same ratio measured) and ``observed_prefill`` (PPI-bar: queued
+        work over the time left to the deadlines, so also a load ratio against the SLO)
+        rescale the forecasts of the current split, so that the model is only trusted for how
+        the load changes with the pool size."""
         scale = decode_scale(self.decode_ratio(d, split.n_decode), observed_decode)
-        before = self.bottleneck(d, split, scale)
-        after = self.bottleneck(d, split.after(source), scale)
-        during = self.bottleneck(d, split.during(source), scale)
+        p_scale = prefill_scale(self.prefill_ratio(d, split.n_prefill), observed_prefill)
+        before = self.bottleneck(d, split, scale, p_scale)
+        after = self.bottleneck(d, split.after(source), scale, p_scale)
+        during = self.bottleneck(d, split.during(source), scale, p_scale)
         drain = self.drain_seconds(d, source, migrate)
         gain = horizon_s * (excess(before) - excess(after))
         cost = drain * excess(during)
@@ -208,6 +214,23 @@ def decode_scale(modelled: float, observed: float | None) -> float:
     if observed >= _CENSORED:
         scale = max(scale, 1.0)
     return min(4.0, max(0.25, scale))
+
+
+#: PPI-bar above this says little more (an expired deadline makes it huge): the prefill
+#: calibration reads it up to here.
+_PPI_CAP = 2.0
+
+
+def prefill_scale(modelled: float, observed_ppi: float | None) -> float:
+    """How far the prefill pool is past the model's load ratio: PPI-bar persistently above 1
+    means the queue misses deadlines whatever the model says (it only raises the forecast;
+    a quiet queue does not lower it, since the ratio must hold for bursts too)."""
+    if observed_ppi is None or not math.isfinite(modelled) or modelled <= 0:
+        return 1.0
+    observed = min(observed_ppi, _PPI_CAP)
+    if observed <= 1.0:
+        return 1.0
+    return min(4.0, max(1.0, observed / modelled))
 
 
 @dataclass(slots=True)

@@ -71,8 +71,8 @@ SIZES = {
     # workloads (one Azure, one Poisson and one bursty long-context) on every other profile,
     # SLO and size.
     "standard": SuiteSize(
-        600,
-        20,
+        1000,
+        5,
         WORKLOADS,
         PROFILES,
         tuple(SLOS),
