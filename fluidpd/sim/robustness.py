@@ -71,8 +71,8 @@ SIZES = {
     # workloads (one Azure, one Poisson and one bursty long-context) on every other profile,
     # SLO and size.
     "standard": SuiteSize(
-        1000,
-        5,
+        600,
+        10,
         WORKLOADS,
         PROFILES,
         tuple(SLOS),
