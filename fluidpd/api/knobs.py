@@ -10,10 +10,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 from fluidpd.core.fluidrole import FluidRoleConfig
-from fluidpd.core.types import DrainMode
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,8 +41,13 @@ class Knob:
     @property
     def kind(self) -> Callable[[Any], Any]:
         """The value's type (what a flag's string or a CRD's JSON value converts to)."""
+        return type(self.default)  # an Enum's class converts its value too
+
+    @property
+    def choices(self) -> list[str] | None:
+        """The names a value may take (enumerated knobs), else None."""
         default = self.default
-        return DrainMode if isinstance(default, DrainMode) else type(default)
+        return [m.value for m in type(default)] if isinstance(default, Enum) else None
 
 
 _DEFAULTS: dict[str, Any] = {f.name: f.default for f in dataclasses.fields(FluidRoleConfig)}
@@ -73,6 +78,20 @@ FLUIDROLE_KNOBS: tuple[Knob, ...] = (
         "--drain-mode",
         "drainMode",
         "D->P drain: migrate active requests (default) or wait for them (paper)",
+    ),
+    Knob(
+        "switch_rule",
+        "--switch-rule",
+        "switchRule",
+        "predictive (default): switch only when the forecast gain beats the drain cost, "
+        "undo a refuted switch; paper: eqs. (22)-(23) alone",
+    ),
+    Knob(
+        "switch_budget",
+        "--switch-budget",
+        "switchBudget",
+        "at most this many switches per 10 minutes (0 = no limit; anti-flap)",
+        zero_ok=True,
     ),
     Knob(
         "min_prefill",

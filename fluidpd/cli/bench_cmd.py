@@ -60,10 +60,33 @@ def add_parser(sub: Any) -> None:
         choices=sorted(MECHANISMS),
         help="policy of the timed replay",
     )
+    p.add_argument(
+        "replays",
+        nargs="*",
+        type=replay_target,
+        metavar="WORKLOAD@RPS",
+        help="replays to time, e.g. azure-staged@30 long-chat-poisson@2 (replaces --workload "
+        "and --rps)",
+    )
+    p.add_argument(
+        "--num-requests",
+        type=positive_int,
+        default=None,
+        help="requests of each timed replay (default: the whole workload; for the synthetic "
+        "and long-* workloads it sets how many are drawn)",
+    )
     p.add_argument("--repeat", type=positive_int, default=3, help="replay repeats")
     p.add_argument("--skip-replay", action="store_true", help="time the control iteration only")
     p.add_argument("--out", default=DEFAULT_OUT, help="directory for bench.json")
     p.set_defaults(func=run)
+
+
+def replay_target(text: str) -> tuple[str, float]:
+    """``WORKLOAD@RPS``."""
+    name, sep, rate = text.rpartition("@")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected WORKLOAD@RPS, got {text!r}")
+    return name, positive_float(rate)
 
 
 def _control_setup(
@@ -151,10 +174,18 @@ def bench_control(profile: Profile, depth: int, n_decode: int, iterations: int) 
 
 
 def bench_replay(
-    profile: Profile, workload_name: str, rps: float, pd: str, policy: str, repeat: int
+    profile: Profile,
+    workload_name: str,
+    rps: float,
+    pd: str,
+    policy: str,
+    repeat: int,
+    num_requests: int | None = None,
 ) -> dict[str, Any]:
     n_prefill, n_decode = parse_pd(pd)
-    workload = build_workload(workload_name, rps, context_limit=profile.context_limit)
+    workload = build_workload(
+        workload_name, rps, context_limit=profile.context_limit, num_requests=num_requests
+    )
     cfg = SimConfig(
         profile=profile,
         slo=SLO(2.0, 0.1),
@@ -174,6 +205,9 @@ def bench_replay(
         "workload": workload_name,
         "rps": rps,
         "requests": len(workload),
+        "mean_prompt": round(float(workload.prompt_lens.mean()), 1),
+        "mean_output": round(float(workload.output_lens.mean()), 1),
+        "capped_prompts": workload.capped_prompts,
         "pd": pd,
         "policy": policy,
         "repeats": repeat,
@@ -209,14 +243,22 @@ def run(args: argparse.Namespace) -> int:
         f"given a suffix, head suffix {control['head_stolen_tokens']} tokens"
     )
     if not args.skip_replay:
-        replay = bench_replay(profile, args.workload, args.rps, args.pd, args.policy, args.repeat)
-        result["replay"] = replay
-        print(
-            f"replay {replay['workload']} ({replay['requests']} requests, {replay['pd']}, "
-            f"{replay['policy']}, {replay['rps']:g} rps, {replay['simulated_s']} s simulated): "
-            f"wall min {replay['wall_s_min']} s, median {replay['wall_s_median']} s "
-            f"over {replay['repeats']} runs"
-        )
+        targets = args.replays or [(args.workload, args.rps)]
+        replays = [
+            bench_replay(profile, name, rps, args.pd, args.policy, args.repeat, args.num_requests)
+            for name, rps in targets
+        ]
+        result["replay"] = replays[0]
+        result["replays"] = replays
+        for replay in replays:
+            print(
+                f"replay {replay['workload']} ({replay['requests']} requests, mean prompt "
+                f"{replay['mean_prompt']:g}, mean output {replay['mean_output']:g}, "
+                f"{replay['pd']}, {replay['policy']}, {replay['rps']:g} rps, "
+                f"{replay['simulated_s']} s simulated, {replay['events']} events): "
+                f"wall min {replay['wall_s_min']} s, median {replay['wall_s_median']} s "
+                f"over {replay['repeats']} runs"
+            )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "bench.json"

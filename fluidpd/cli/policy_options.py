@@ -8,10 +8,10 @@ import argparse
 from fluidpd.api import knobs
 from fluidpd.api.knobs import FLUIDROLE_KNOBS
 from fluidpd.cli.errors import UserError
-from fluidpd.cli.options import add_float, positive_int
+from fluidpd.cli.options import add_float, non_negative_int, positive_int
 from fluidpd.core.fluidrole import FluidRoleConfig
 from fluidpd.core.fluidtoken import FluidTokenConfig
-from fluidpd.core.types import SLO, DrainMode
+from fluidpd.core.types import SLO
 
 Group = argparse._ArgumentGroup | argparse.ArgumentParser
 
@@ -32,11 +32,10 @@ def add_fluidrole_options(g: Group) -> None:
         if k.kind is float:
             add_float(g, k.flag, k.default, k.help, allow_zero=k.zero_ok)
         elif k.kind is int:
-            g.add_argument(k.flag, type=positive_int, default=k.default, help=k.help)
-        else:  # the drain mode
-            g.add_argument(
-                k.flag, choices=[m.value for m in DrainMode], default=k.default.value, help=k.help
-            )
+            parse = non_negative_int if k.zero_ok else positive_int
+            g.add_argument(k.flag, type=parse, default=k.default, help=k.help)
+        else:  # an enumerated knob (drain mode, switch rule)
+            g.add_argument(k.flag, choices=k.choices, default=k.default.value, help=k.help)
 
 
 def slo_config(args: argparse.Namespace) -> SLO:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
 import time
@@ -35,6 +36,14 @@ from fluidpd.profiles import resolve_profile
 from fluidpd.sim.plots import write_plots
 from fluidpd.sim.policies import POLICY_NAMES, AutoscaleConfig, parse_pd, parse_policies
 from fluidpd.sim.report import report_text, series_key, write_results
+from fluidpd.sim.robustness import (
+    SIZES,
+    count_cells,
+    format_overall,
+    format_rows,
+    overall,
+    run_suite,
+)
 from fluidpd.sim.runner import RunOutput, RunSpec, default_jobs, run_many
 from fluidpd.sim.simulator import SimConfig
 from fluidpd.sim.workloads import WORKLOAD_NAMES, build_workload
@@ -127,6 +136,20 @@ def add_parser(sub: Any) -> None:
         help="write time-series JSON for every run, or only for the plotted rate (default all)",
     )
     o.add_argument("--quiet", action="store_true", help="no progress bar")
+    s = p.add_argument_group("suites")
+    s.add_argument(
+        "--suite",
+        choices=("robustness",),
+        default=None,
+        help="run a fixed matrix instead of the options above: robustness = FluidPD vs static "
+        "and oracle over workloads x profiles x SLOs x sizes x rates (uses --seed, --jobs, --out)",
+    )
+    s.add_argument(
+        "--suite-size",
+        choices=tuple(SIZES),
+        default="full",
+        help="full matrix, or the reduced one CI runs (default full)",
+    )
     p.set_defaults(func=run)
 
 
@@ -185,6 +208,8 @@ def specs_from_args(args: argparse.Namespace) -> list[RunSpec]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.suite == "robustness":
+        return _run_robustness(args)
     specs = specs_from_args(args)
     out_dir = Path(args.out)
     command = "fluidpd " + " ".join(shlex.quote(a) for a in sys.argv[1:])
@@ -235,3 +260,41 @@ def _plots(
     ablation_rps = {str(r["workload"]): chosen for r in records}
     for written in write_plots(out_dir, records, series, args.ttft_slo, edges, ablation_rps):
         print(f"plot: {written}")
+
+
+def _run_robustness(args: argparse.Namespace) -> int:
+    out_dir = Path(args.out)
+    command = "fluidpd " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    size = SIZES[args.suite_size]
+    started = time.perf_counter()
+    bar = tqdm(total=count_cells(size), unit="cell", disable=args.quiet, file=sys.stderr)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # One line per finished cell, so that an interrupted run keeps what it measured.
+    partial = (out_dir / "cells.jsonl").open("w")
+
+    def progress(row: dict[str, Any]) -> None:
+        partial.write(json.dumps(row) + "\n")
+        partial.flush()
+        bar.update()
+
+    with partial:
+        rows = run_suite(size, seed=args.seed, jobs=args.jobs, progress=progress)
+    bar.close()
+    summary = overall(rows)
+    doc = {
+        "command": command,
+        "size": args.suite_size,
+        "seed": args.seed,
+        "overall": summary,
+        "cells": rows,
+    }
+    (out_dir / "results.json").write_text(json.dumps(doc, indent=1) + "\n")
+    text = format_rows(rows) + "\n\n" + format_overall(summary)
+    (out_dir / "summary.txt").write_text(text + "\n")
+    (out_dir / "command.txt").write_text(command + "\n")
+    print(text)
+    print(
+        f"\nwrote {out_dir / 'results.json'} ({len(rows)} cells, "
+        f"{time.perf_counter() - started:.1f} s)"
+    )
+    return 0

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-import numpy as np
-
+from fluidpd.core.policy_forecast import CapacityModel, Demand, Forecast, Split, clearly_worth
 from fluidpd.core.types import DrainMode, Role, RoleState
+
+
+class SwitchRule(StrEnum):
+    """``predictive``: eqs. (22)-(23) propose, the gain/cost forecast decides and a wrong
+    forecast is undone (issue #14); ``paper``: eqs. (22)-(23) with persistence and cooldowns."""
+
+    PREDICTIVE = "predictive"
+    PAPER = "paper"
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +49,19 @@ class FluidRoleConfig:
     min_decode: int = 1
     #: D->P drain: ``migrate`` (our default) or the paper's ``wait``.
     drain_mode: DrainMode = DrainMode.MIGRATE
+    switch_rule: SwitchRule = SwitchRule.PREDICTIVE
+    #: Predictive rule: seconds over which a switch's gain is counted (the split is expected
+    #: to hold at least this long, given the switch budget), and how clearly it must win.
+    horizon_s: float = 120.0
+    gain_margin: float = 0.1
+    #: After a switch completes, when the observed pressure is compared with the forecast;
+    #: a wrong forecast is undone and its direction frozen this long.
+    settle_s: float = 30.0
+    freeze_s: float = 600.0
+    #: Anti-flap: at most this many switches start in any ``budget_window_s`` (0 = no limit);
+    #: an undo of a wrong switch is not held back by it.
+    switch_budget: int = 2
+    budget_window_s: float = 600.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.ppi_low <= self.ppi_high:
@@ -57,6 +78,12 @@ class FluidRoleConfig:
             raise ValueError("each role keeps at least one worker")
         if not 0 < self.percentile <= 100:
             raise ValueError("percentile must be in (0, 100]")
+        if self.horizon_s <= 0 or not 0 <= self.gain_margin < 1:
+            raise ValueError("need horizon_s > 0 and 0 <= gain_margin < 1")
+        if self.settle_s < 0 or self.freeze_s < 0:
+            raise ValueError("need non-negative settle_s and freeze_s")
+        if self.switch_budget < 0 or self.budget_window_s <= 0:
+            raise ValueError("need switch_budget >= 0 and budget_window_s > 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,14 +126,40 @@ class SwitchDecision:
     target: Role
     drain_mode: DrainMode
     pressure: PoolPressure
+    #: The predictive rule's forecast behind the switch (None under the paper rule).
+    forecast: Forecast | None = None
+    #: This switch undoes the previous one, whose forecast the observed pressure refuted.
+    undo: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class _Check:
+    """A switch whose forecast is to be checked against observation once it has settled."""
+
+    source: Role
+    direction: Recommendation
+    at: float
+
+
+def donor_starved(source: Role, p: PoolPressure, cfg: FluidRoleConfig) -> bool:
+    """The phase that gave up a worker is saturated: the forecast that it could spare one was
+    wrong (decode KV fully committed or its batch past N_TPOT; prefill far past deadlines)."""
+    if source is Role.DECODE:
+        return p.dpi_adm_bar >= cfg.dpi_adm_saturated or p.dpi_load_bar >= 1.0
+    return p.ppi_bar >= cfg.ppi_saturated
 
 
 def windowed_percentile(samples: Iterable[float], percentile: float) -> float:
     """PPI^95(p): the given percentile of one worker's queue PPI over the window (eq. 20)."""
-    values = np.fromiter(samples, dtype=np.float64)
-    if values.size == 0:
+    # numpy's linear-interpolation percentile by hand: windows hold about ten samples, and
+    # np.percentile's fixed cost was most of a simulated control interval.
+    values = sorted(samples)
+    if not values:
         return 0.0
-    return float(np.percentile(values, percentile))
+    rank = (len(values) - 1) * percentile / 100.0
+    lo = math.floor(rank)
+    hi = min(lo + 1, len(values) - 1)
+    return values[lo] + (values[hi] - values[lo]) * (rank - lo)
 
 
 def prefill_pool_pressure(per_worker_percentiles: Iterable[float]) -> float:
@@ -178,6 +231,8 @@ class FluidRolePolicy:
     """
 
     cfg: FluidRoleConfig = field(default_factory=FluidRoleConfig)
+    #: The profile's capacity model; the predictive rule needs it and a demand observation.
+    model: CapacityModel | None = None
     _windows: dict[str, deque[tuple[float, float]]] = field(default_factory=dict)
     _streak: int = 0
     _last: Recommendation = Recommendation.NONE
@@ -187,6 +242,14 @@ class FluidRolePolicy:
     _switching: str | None = None
     last_pressure: PoolPressure = PoolPressure(0.0, 0.0, 0.0)
     last_recommendation: Recommendation = Recommendation.NONE
+    last_forecast: Forecast | None = None
+    _starts: deque[float] = field(default_factory=deque)
+    _check: _Check | None = None
+    _undo_due: _Check | None = None
+    _frozen_until: dict[Recommendation, float] = field(default_factory=dict)
+    #: Switches the forecast refused, and wrong forecasts undone (for reports).
+    refused: int = 0
+    undone: int = 0
 
     def _record(self, now: float, workers: Sequence[WorkerSignals]) -> PoolPressure:
         horizon = now - self.cfg.window_s
@@ -210,15 +273,20 @@ class FluidRolePolicy:
         )
 
     def observe(
-        self, now: float, workers: Sequence[WorkerSignals]
+        self, now: float, workers: Sequence[WorkerSignals], demand: Demand | None = None
     ) -> SwitchDecision | Recommendation:
         """One control interval. Returns a committed switch, or the standing recommendation.
 
         ``Recommendation.NEEDS_CAPACITY`` is returned once it has persisted ``n_persist``
-        intervals; it is advice for an autoscaler, not an action of FluidRole.
+        intervals; it is advice for an autoscaler, not an action of FluidRole. ``demand`` is
+        what arrived over the recent window; the predictive rule needs it (and ``model``),
+        and without either it decides as the paper does.
         """
         pressure = self._record(now, workers)
         self.last_pressure = pressure
+        undo = self._verify(now, pressure, workers)
+        if undo is not None:
+            return undo
         rec = recommend(pressure, self.cfg)
         self.last_recommendation = rec
         self._streak = self._streak + 1 if rec is self._last else 1
@@ -233,15 +301,90 @@ class FluidRolePolicy:
             return Recommendation.NONE
         if self._stabilizing(rec, pressure, now):
             return Recommendation.NONE
+        if now < self._frozen_until.get(rec, float("-inf")) or not self._budget_left(now):
+            return Recommendation.NONE
         source = Role.DECODE if rec is Recommendation.D_TO_P else Role.PREFILL
+        forecast = None
+        if self._predictive(demand):
+            assert self.model is not None and demand is not None
+            split = Split(pressure.n_prefill, pressure.n_decode)
+            migrate = self.cfg.drain_mode is DrainMode.MIGRATE
+            if not demand.reliable:
+                return Recommendation.NONE
+            # The decode pool's pressure lags its demand (streams take a while to fill it),
+            # so it calibrates the forecast only once a window has passed since the start
+            # and the last switch has settled.
+            settled = demand.full_window and now >= self._last_switch_end + self.cfg.settle_s
+            observed = max(pressure.dpi_load_bar, pressure.dpi_adm_bar) if settled else None
+            forecast = self.model.forecast(
+                demand, split, source, self.cfg.horizon_s, migrate, observed, pressure.ppi_bar
+            )
+            self.last_forecast = forecast
+            if not clearly_worth(forecast, self.cfg.gain_margin):
+                self.refused += 1
+                self._streak = 0
+                return Recommendation.NONE
+        decision = self._commit(now, workers, source, rec, pressure, forecast)
+        if decision is not None and forecast is not None:
+            self._check = _Check(source, rec, math.inf)
+        return decision or Recommendation.NONE
+
+    def _predictive(self, demand: Demand | None) -> bool:
+        return (
+            self.cfg.switch_rule is SwitchRule.PREDICTIVE
+            and self.model is not None
+            and demand is not None
+        )
+
+    def _budget_left(self, now: float) -> bool:
+        """Anti-flap budget: fewer than ``switch_budget`` switches started in the window."""
+        while self._starts and self._starts[0] <= now - self.cfg.budget_window_s:
+            self._starts.popleft()
+        return self.cfg.switch_budget == 0 or len(self._starts) < self.cfg.switch_budget
+
+    def _commit(
+        self,
+        now: float,
+        workers: Sequence[WorkerSignals],
+        source: Role,
+        rec: Recommendation,
+        pressure: PoolPressure,
+        forecast: Forecast | None,
+        undo: bool = False,
+    ) -> SwitchDecision | None:
         candidate = self.pick_candidate(workers, source)
         if candidate is None:
-            return Recommendation.NONE
+            return None
         self._switching = candidate.worker
         self._last_direction = rec
         self._streak = 0
+        self._starts.append(now)
         mode = self.cfg.drain_mode if source is Role.DECODE else DrainMode.WAIT
-        return SwitchDecision(candidate.worker, source, source.other, mode, pressure)
+        return SwitchDecision(
+            candidate.worker, source, source.other, mode, pressure, forecast, undo
+        )
+
+    def _verify(
+        self, now: float, p: PoolPressure, workers: Sequence[WorkerSignals]
+    ) -> SwitchDecision | None:
+        """Compare a settled switch's donor phase with its forecast; undo a refuted one."""
+        check = self._check
+        if check is not None and self._switching is None and now >= check.at:
+            self._check = None
+            if donor_starved(check.source, p, self.cfg):
+                self._frozen_until[check.direction] = now + self.cfg.freeze_s
+                self._undo_due = check
+        due = self._undo_due
+        if due is None or self._switching is not None:
+            return None
+        if any(w.state is not RoleState.ACTIVE for w in workers):
+            return None
+        back = Recommendation.P_TO_D if due.source is Role.DECODE else Recommendation.D_TO_P
+        decision = self._commit(now, workers, due.source.other, back, p, None, undo=True)
+        if decision is not None:
+            self._undo_due = None
+            self.undone += 1
+        return decision
 
     def _stabilizing(self, rec: Recommendation, p: PoolPressure, now: float) -> bool:
         """Whether ``rec`` reverses the last switch inside the reversal cooldown."""
@@ -270,6 +413,8 @@ class FluidRolePolicy:
         self._cooldown_until = now + self.cfg.cooldown_s
         self._last_switch_end = now
         self._windows.pop(worker, None)
+        if self._check is not None and self._check.at == math.inf:
+            self._check = _Check(self._check.source, self._check.direction, now + self.cfg.settle_s)
 
     def switch_resumed(self, worker: str) -> None:
         """A harness that restarted mid-switch (its state came back from the cluster) tells the

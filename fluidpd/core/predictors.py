@@ -100,6 +100,17 @@ class DecodeIterPredictor:
         """Predicted latency of one decode iteration, eq. (13)."""
         return self.a_c * context_tokens + self.a_n * batch + self.a_0
 
+    def iteration_times(self, batch: int, context_tokens: int, iterations: int) -> FloatArray:
+        """Eq. (13) for each of ``iterations`` consecutive iterations of an unchanged batch,
+        whose context grows by one token per member per iteration."""
+        ctx = context_tokens + batch * np.arange(iterations, dtype=np.float64)
+        return self.a_c * ctx + (self.a_n * batch + self.a_0)
+
+    def span_time(self, batch: int, context_tokens: int, iterations: int) -> float:
+        """The sum of :meth:`iteration_times` in closed form (an arithmetic series)."""
+        k = iterations
+        return k * self.time(batch, context_tokens) + self.a_c * batch * k * (k - 1) / 2
+
     def max_batch(self, tpot_slo: float, mean_context: float) -> int:
         """N_TPOT: the largest batch whose iteration meets ``tpot_slo`` (used by eq. 7).
 

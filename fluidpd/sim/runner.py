@@ -105,6 +105,7 @@ def _run_simulated(spec: RunSpec, workload: Workload) -> RunOutput:
         {
             "role_switches": [s.as_dict() for s in result.switches],
             "stolen_tokens": result.stolen_tokens,
+            "capped_prompts": workload.capped_prompts,
             "window_attainment": windowed_attainment(result.requests, workload.windows, spec.slo),
             "scale_outs": result.scale_outs,
             "events": result.events,
@@ -119,7 +120,7 @@ def _run_simulated(spec: RunSpec, workload: Workload) -> RunOutput:
     return RunOutput(record, series)
 
 
-def _run_oracle(spec: RunSpec, workload: Workload) -> RunOutput:
+def run_oracle(spec: RunSpec, workload: Workload) -> RunOutput:
     """Best static split per workload window in hindsight, reconfigured instantly at window
     edges (each window replayed on a fresh deployment of that split); with one window (mixed)
     this is the best single static split."""
@@ -169,6 +170,7 @@ def _run_oracle(spec: RunSpec, workload: Workload) -> RunOutput:
             "stolen_tokens": 0,
             "window_attainment": windowed_attainment(chosen, workload.windows, spec.slo),
             "oracle_splits": splits,
+            "capped_prompts": workload.capped_prompts,
             "scale_outs": [],
             "wall_s": round(time.perf_counter() - t0, 3),
         }
@@ -179,7 +181,7 @@ def _run_oracle(spec: RunSpec, workload: Workload) -> RunOutput:
 def run_one(spec: RunSpec) -> RunOutput:
     workload = spec.build_workload()
     if spec.policy == "oracle":
-        return _run_oracle(spec, workload)
+        return run_oracle(spec, workload)
     return _run_simulated(spec, workload)
 
 

@@ -5,6 +5,15 @@ scheduling and control decision is made by the same core objects the live sideca
 (``fluidpd.core``). Step durations come from the profile's predictors, optionally scaled by a
 drift factor (the engine is slower than the profile says) and multiplicative log-normal noise,
 so that the workers' own predictors are not trivially exact.
+
+Decode iterations between changes of a batch's membership run as one event (a *span*): the
+iteration times of an unchanged batch follow eq. (13) with a context that grows by one token
+per member per iteration, so the span's iteration end times are known up front. Anything that
+would change the batch (a hand-off, a migration, a cancel, a drain) first cuts the span at the
+iteration in progress, and anything that reads the decode side's state (the controller, the
+steal budgets) first advances it to the last finished iteration, so that every decision sees
+exactly what a per-iteration simulation would. Event counts then scale with requests, not
+with output length or context length.
 """
 
 from __future__ import annotations
@@ -23,7 +32,9 @@ from fluidpd.core.fluidrole import FluidRoleConfig, FluidRolePolicy, SwitchDecis
 from fluidpd.core.fluidtoken import FluidTokenConfig
 from fluidpd.core.migration import plan_migration
 from fluidpd.core.pairing import LeastLoadedPairing, Pairing, RoundRobinPairing
+from fluidpd.core.policy_forecast import CapacityModel, DemandWindow
 from fluidpd.core.profile import Profile
+from fluidpd.core.scheduler.decode import DecodeBatch
 from fluidpd.core.scheduler.messages import (
     Finished,
     FirstToken,
@@ -38,6 +49,13 @@ from fluidpd.core.scheduler.worker import Batch, Worker
 from fluidpd.core.types import SLO, DrainMode, Request, Role, RoleState
 from fluidpd.sim.policies import AutoscaleConfig, Mechanisms
 from fluidpd.sim.workloads import Workload
+
+#: Window of the demand the controller's forecast reads (a 120 s window, to leave more of
+#: each burst to FluidToken, cost 1.5-8 pp on azure-staged and long-chat-bursty).
+DEMAND_WINDOW_S = 60.0
+
+#: Longest run of decode iterations simulated as one event (bounds the per-event arrays).
+MAX_SPAN = 4096
 
 # Event kinds (ints keep heap tuples cheap to compare).
 _ARRIVE, _BATCH_DONE, _HANDOFF_DONE, _MIGRATE_DONE, _SWITCH_DONE, _CONTROL, _SCALE_READY = range(7)
@@ -126,6 +144,9 @@ class Simulator:
         self._seq = itertools.count()
         self._events: list[tuple[float, int, int, object, object]] = []
         self._rng = random.Random(cfg.seed)
+        # Span noise is drawn as vectors; a separate stream keeps per-step draws reproducible.
+        self._span_rng = np.random.default_rng(cfg.seed)
+        self._max_span = 1 if cfg.adaptive else MAX_SPAN
         self._true_prefill = cfg.profile.prefill_predictor()
         self._true_suffix = cfg.profile.suffix_predictor()
         self._true_decode = cfg.profile.decode_predictor()
@@ -142,10 +163,19 @@ class Simulator:
             role = Role.PREFILL if i < cfg.n_prefill else Role.DECODE
             self._add_worker(role)
         self.busy: dict[str, Batch] = {}
+        #: A running span's per-iteration durations and absolute end times.
+        self._span_steps: dict[str, np.ndarray] = {}
+        self._span_ends: dict[str, np.ndarray] = {}
+        #: The BATCH_DONE event that is current per worker (a cut span leaves a stale one).
+        self._ticket: dict[str, int] = {}
         self.pairing: Pairing = self._make_pairing(cfg.pairing)
         # The policy also runs (disabled) under other mechanisms: its pool pressure feeds the
         # time series and the autoscale baseline.
-        self.role_policy = FluidRolePolicy(replace(cfg.role_cfg, enabled=cfg.mechanisms.fluidrole))
+        self.role_policy = FluidRolePolicy(
+            replace(cfg.role_cfg, enabled=cfg.mechanisms.fluidrole),
+            CapacityModel.from_profile(cfg.profile, cfg.slo),
+        )
+        self._demand = DemandWindow(cfg.profile.prefill_predictor(), DEMAND_WINDOW_S)
         self._drain_started: dict[str, float] = {}
         self.switches: list[RoleSwitch] = []
         self.scale_outs: list[dict[str, object]] = []
@@ -180,7 +210,7 @@ class Simulator:
         if name == "least-loaded":
             return LeastLoadedPairing(
                 prefill_backlog=lambda p: self.workers[p].prefill.queued_work(self.now),
-                decode_free_kv=lambda d: float(self.workers[d].decode.allocatable()),
+                decode_free_kv=lambda d: float(self._synced(d).decode.allocatable()),
             )
         raise ValueError(f"unknown pairing {name!r}")
 
@@ -197,6 +227,15 @@ class Simulator:
             return self.cfg.drift
         return self.cfg.drift * math.exp(self._rng.gauss(0.0, sigma) - 0.5 * sigma * sigma)
 
+    def _span_steps_of(self, batch: DecodeBatch) -> np.ndarray:
+        """True durations of a span's iterations: eq. (13) per iteration times the noise."""
+        steps = self._true_decode.iteration_times(batch.batch, batch.context, batch.iterations)
+        sigma = self.cfg.noise
+        if sigma <= 0:
+            return steps * self.cfg.drift
+        draws = self._span_rng.normal(0.0, sigma, size=batch.iterations)
+        return steps * (self.cfg.drift * np.exp(draws - 0.5 * sigma * sigma))
+
     def _duration(self, batch: Batch) -> float:
         if isinstance(batch, PrefillBatch):
             if batch.prefix_tokens == 0:
@@ -212,7 +251,7 @@ class Simulator:
         n_prefill = len(self.pool(Role.PREFILL))
         return np.array(
             [
-                self.workers[d].decode.steal_budget(n_prefill)
+                self._synced(d).decode.steal_budget(n_prefill)
                 if self.workers[d].role is Role.DECODE
                 else 0.0
                 for d in decode_ids
@@ -226,11 +265,69 @@ class Simulator:
         budgets: Callable[[Sequence[str]], np.ndarray] | None = (
             self._budgets if self._token_cfg.enabled else None
         )
-        batch = w.next_batch(self.now, budgets)
+        batch = w.next_batch(self.now, budgets, self._max_span)
         if batch is not None:
-            self.busy[w.worker_id] = batch
-            self._push(self.now + self._duration(batch), _BATCH_DONE, w.worker_id, batch)
+            wid = w.worker_id
+            self.busy[wid] = batch
+            if isinstance(batch, DecodeBatch) and batch.iterations > 1:
+                steps = self._span_steps_of(batch)
+                self._span_steps[wid] = steps
+                self._span_ends[wid] = self.now + np.cumsum(steps)
+                self._schedule_done(wid, float(self._span_ends[wid][-1]))
+            else:
+                self._schedule_done(wid, self.now + self._duration(batch))
         self._flush(w)
+
+    def _schedule_done(self, wid: str, t: float) -> None:
+        ticket = next(self._seq)
+        self._ticket[wid] = ticket
+        self._push(t, _BATCH_DONE, wid, ticket)
+
+    # -- decode spans ---------------------------------------------------------------------------
+    def _sync(self, w: Worker) -> None:
+        """Advance a running span to its last finished iteration (state reads see the truth)."""
+        wid = w.worker_id
+        batch = self.busy.get(wid)
+        ends = self._span_ends.get(wid)
+        if ends is None or not isinstance(batch, DecodeBatch) or batch.iterations == 1:
+            return
+        done = min(int(np.searchsorted(ends, self.now, side="right")), batch.iterations - 1)
+        if done == 0:
+            return
+        steps = self._span_steps[wid]
+        head_s = steps[:done]
+        predicted = self.workers[wid].decode.decode.span_time(batch.batch, batch.context, done)
+        self._record_error("decode", predicted, float(head_s.sum()), done)
+        rest = w.decode.split(batch, done, float(ends[done - 1]), head_s)
+        self.busy[wid] = rest
+        self._span_steps[wid] = steps[done:]
+        self._span_ends[wid] = ends[done:]
+        self._flush(w)
+
+    def _synced(self, wid: str) -> Worker:
+        w = self.workers[wid]
+        self._sync(w)
+        return w
+
+    def _interrupt(self, w: Worker) -> None:
+        """Cut a running span at the iteration in progress: its membership is about to change,
+        which takes effect at the next iteration boundary."""
+        self._sync(w)
+        wid = w.worker_id
+        batch = self.busy.get(wid)
+        if not isinstance(batch, DecodeBatch) or batch.iterations == 1:
+            return
+        self.busy[wid] = w.decode.truncate(batch)
+        self._span_steps[wid] = self._span_steps[wid][:1]
+        self._span_ends[wid] = self._span_ends[wid][:1]
+        self._schedule_done(wid, float(self._span_ends[wid][0]))
+
+    def _record_error(self, kind: str, predicted: float, measured: float, weight: int) -> None:
+        """Mean relative error of the workers' predictions, weighted by iterations."""
+        if measured > 0:
+            err = self._pred_err.setdefault(kind, [0.0, 0])
+            err[0] += weight * abs(predicted - measured) / measured
+            err[1] += weight
 
     def _flush(self, w: Worker) -> None:
         while w.outbox:
@@ -274,6 +371,7 @@ class Simulator:
             w = self.workers.get(wid)
             if w is None:
                 continue
+            self._interrupt(w)
             w.prefill.cancel(req.rid)
             w.decode.cancel(req.rid)
             self._flush(w)
@@ -328,6 +426,7 @@ class Simulator:
     # -- FluidRole ------------------------------------------------------------------------------
     def begin_switch(self, wid: str, target: Role, mode: DrainMode) -> None:
         w = self.workers[wid]
+        self._interrupt(w)
         w.begin_switch(target, self.now, mode)
         self._drain_started[wid] = self.now
         if w.role is Role.DECODE:
@@ -354,9 +453,11 @@ class Simulator:
 
     def _control(self) -> None:
         self._expire()
+        for w in self.workers.values():
+            self._sync(w)
         n_prefill = max(1, len(self.pool(Role.PREFILL)))
         signals = [w.pressure(self.now, n_prefill).signals() for w in self.workers.values()]
-        decision = self.role_policy.observe(self.now, signals)
+        decision = self.role_policy.observe(self.now, signals, self._demand.demand(self.now))
         if isinstance(decision, SwitchDecision) and self.cfg.mechanisms.fluidrole:
             self.begin_switch(decision.worker, decision.target, decision.drain_mode)
         if self.cfg.mechanisms.autoscale:
@@ -423,17 +524,17 @@ class Simulator:
             if kind == _BATCH_DONE:
                 wid = a
                 assert isinstance(wid, str)
+                if self._ticket.get(wid) != b:
+                    continue  # a span that was cut short: its completion moved earlier
                 w = self.workers[wid]
                 batch = self.busy.pop(wid)
-                if batch is not b:
-                    raise SimulationError("batch completion out of order")
                 measured = t - batch.start
-                if measured > 0:
-                    kind_name = "prefill" if isinstance(batch, PrefillBatch) else "decode"
-                    err = self._pred_err.setdefault(kind_name, [0.0, 0])
-                    err[0] += abs(batch.predicted_s - measured) / measured
-                    err[1] += 1
-                w.finish_batch(batch, t, measured)
+                kind_name = "prefill" if isinstance(batch, PrefillBatch) else "decode"
+                iterations = batch.iterations if isinstance(batch, DecodeBatch) else 1
+                self._record_error(kind_name, batch.predicted_s, measured, iterations)
+                steps = self._span_steps.pop(wid, None)
+                self._span_ends.pop(wid, None)
+                w.finish_batch(batch, t, measured, steps)
                 self._flush(w)
                 self._after_change(w)
                 if w.state is not RoleState.SWITCH:
@@ -441,11 +542,13 @@ class Simulator:
             elif kind == _ARRIVE:
                 assert isinstance(a, Request)
                 self._waiting_first.append(a)
+                self._demand.add(t, a.prompt_len, a.max_new_tokens)
                 self._dispatch(a)
             elif kind == _HANDOFF_DONE:
                 assert isinstance(a, Handoff)
                 p, d = self.workers[a.prefill_worker], self.workers[a.decode_worker]
                 p.prefill.transfer_done(a.rid)
+                self._interrupt(d)
                 d.decode.handoff_done(a.rid, a.prefix_tokens, t)
                 self._flush(d)
                 self._after_change(p)
@@ -456,6 +559,7 @@ class Simulator:
                     self._push(t + interval, _CONTROL)
             elif kind == _MIGRATE_DONE:
                 assert isinstance(a, int) and isinstance(b, Worker)
+                self._interrupt(b)
                 b.decode.activate(a)
                 self._kick(b)
             elif kind == _SWITCH_DONE:

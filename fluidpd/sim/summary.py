@@ -1,6 +1,8 @@
 """Compares FluidPD with the baselines in a results.json: the claims the paper makes.
 
-Per workload: at every rate where the oracle reaches 90 %, FluidPD's distance to it; at the
+Per workload, first the worst FluidPD - static over every rate (a controller that loses at one
+rate must say so before it reports a gain at another) and how many prompts were cut to the
+context limit; then, at every rate where the oracle reaches 90 %, FluidPD's distance to it; at the
 rate where the static split is most mismatched (largest oracle - static gap), FluidPD's gain
 over static; and, at rates where static fails no request (below saturation), the TPOT
 attainment difference.
@@ -22,6 +24,18 @@ class WorkloadSummary:
     mismatch_fluidpd: float | None
     tpot_deltas: list[tuple[float, float]]  # (rps, fluidpd - static TPOT attainment)
     has_oracle: bool = True
+    #: (rps, fluidpd - static attainment) at every rate with both.
+    deltas: tuple[tuple[float, float], ...] = ()
+    #: Prompts cut to the context limit (per run of this workload; the same at every rate).
+    capped_prompts: int = 0
+
+    @property
+    def worst_vs_static(self) -> tuple[float, float] | None:
+        """(rps, pp) of the lowest FluidPD - static over all rates."""
+        if not self.deltas:
+            return None
+        rps, d = min(self.deltas, key=lambda x: (x[1], x[0]))
+        return rps, 100 * d
 
     @property
     def worst_oracle_gap_pp(self) -> float | None:
@@ -46,6 +60,10 @@ def summarize(runs: Sequence[Mapping[str, Any]]) -> list[WorkloadSummary]:
     out = []
     for workload, rates in sorted(by.items()):
         near: list[tuple[float, float, float]] = []
+        deltas: list[tuple[float, float]] = []
+        capped = max(
+            (int(p.get("capped_prompts", 0)) for q in rates.values() for p in q.values()), default=0
+        )
         tpot: list[tuple[float, float]] = []
         mismatch: tuple[float, float, float, float] | None = None  # gap, rps, static, fluidpd
         for rps, pol in sorted(rates.items()):
@@ -55,6 +73,7 @@ def summarize(runs: Sequence[Mapping[str, Any]]) -> list[WorkloadSummary]:
             if fpd and sta and sta["failed"] == 0:
                 tpot.append((rps, fpd["tpot_attainment"] - sta["tpot_attainment"]))
             if fpd and sta:
+                deltas.append((rps, fpd["slo_attainment"] - sta["slo_attainment"]))
                 best = orc["slo_attainment"] if orc else fpd["slo_attainment"]
                 gap = best - sta["slo_attainment"]
                 if mismatch is None or gap > mismatch[0]:
@@ -68,6 +87,8 @@ def summarize(runs: Sequence[Mapping[str, Any]]) -> list[WorkloadSummary]:
                 mismatch[3] if mismatch else None,
                 tpot,
                 any("oracle" in pol for pol in rates.values()),
+                tuple(deltas),
+                capped,
             )
         )
     return out
@@ -77,6 +98,15 @@ def format_summary(summaries: Sequence[WorkloadSummary]) -> str:
     lines = []
     for s in summaries:
         lines.append(f"{s.workload}:")
+        worst = s.worst_vs_static
+        if worst is not None:
+            others = ", ".join(f"{r:g}: {100 * d:+.1f}" for r, d in s.deltas)
+            lines.append(
+                f"  worst FluidPD - static over all rates: {worst[1]:+.1f} pp at {worst[0]:g}"
+                f" req/s (per rate, pp: {others})"
+            )
+        if s.capped_prompts:
+            lines.append(f"  {s.capped_prompts} prompts cut to the context limit in each run")
         for rps, f, o in s.near_oracle:
             lines.append(
                 f"  {rps:g} req/s: FluidPD {100 * f:.1f} % vs oracle {100 * o:.1f} % "
@@ -86,7 +116,7 @@ def format_summary(summaries: Sequence[WorkloadSummary]) -> str:
             lines.append("  the oracle reaches 90 % at no rate")
         if s.gain_pp is not None:
             static, fluidpd = 100 * (s.mismatch_static or 0), 100 * (s.mismatch_fluidpd or 0)
-            what = "most mismatched static rate" if s.has_oracle else "largest gain over static at"
+            what = "most mismatched static rate" if s.has_oracle else "best FluidPD - static at"
             lines.append(
                 f"  {what} {s.mismatch_rps:g} req/s: static {static:.1f} %,"
                 f" FluidPD {fluidpd:.1f} % ({s.gain_pp:+.1f} pp)"

@@ -53,6 +53,14 @@ from typing import TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from fluidpd.sim.longctx import (
+    LONG_DEFAULT_REQUESTS,
+    LONG_WORKLOAD_NAMES,
+    build_long,
+    lognormal_lengths,
+    poisson_arrivals,
+)
+
 __all__ = [
     "WORKLOAD_NAMES",
     "Workload",
@@ -62,7 +70,12 @@ __all__ = [
     "traces_dir",
 ]
 
-WORKLOAD_NAMES: tuple[str, ...] = ("azure-staged", "azure-mixed", "synthetic")
+WORKLOAD_NAMES: tuple[str, ...] = (
+    "azure-staged",
+    "azure-mixed",
+    "synthetic",
+    *LONG_WORKLOAD_NAMES,
+)
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -115,6 +128,8 @@ class Workload:
     output_lens: IntArray
     windows: tuple[tuple[str, int, int], ...]
     description: str
+    #: Prompts shortened to fit the profile's context limit (reported, never silent).
+    capped_prompts: int = 0
     _window_starts: tuple[int, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -343,11 +358,6 @@ class _Draft:
     notes: list[str]
 
 
-def _poisson_arrivals(n: int, rps: float, rng: np.random.Generator) -> FloatArray:
-    gaps = rng.exponential(1.0 / rps, size=max(n - 1, 0))
-    return np.concatenate(([0.0], np.cumsum(gaps))).astype(np.float64)
-
-
 def _scaled_native_arrivals(micros: IntArray, rps: float, source: str) -> tuple[FloatArray, float]:
     """Native arrival times rescaled so the mean rate ((n-1)/span) equals ``rps`` exactly.
 
@@ -401,7 +411,7 @@ def _build_staged(rps: float, seed: int, rng: np.random.Generator) -> _Draft:
     prompts = np.concatenate((conv1_p, code_p, conv2_p)).astype(np.int64)
     outputs = np.concatenate((conv1_o, code_o, conv2_o)).astype(np.int64)
     n = prompts.shape[0]
-    arrivals = _poisson_arrivals(n, rps, rng)
+    arrivals = poisson_arrivals(n, rps, rng)
     code_rows = WINDOW_SIZE - code_extra
     conv2_rows = WINDOW_SIZE - conv2_extra
     note = (
@@ -465,19 +475,11 @@ def _build_mixed(rps: float) -> _Draft:
     )
 
 
-def _lognormal_lengths(
-    n: int, params: tuple[float, float, int, int], rng: np.random.Generator
-) -> IntArray:
-    median, sigma, lo, hi = params
-    draws = rng.lognormal(mean=math.log(median), sigma=sigma, size=n)
-    return np.clip(np.rint(draws), lo, hi).astype(np.int64)
-
-
 def _build_synthetic(rps: float, seed: int, count: int, rng: np.random.Generator) -> _Draft:
     # Draw order (gaps, prompts, outputs) is fixed so that a seed is reproducible.
-    arrivals = _poisson_arrivals(count, rps, rng)
-    prompts = _lognormal_lengths(count, SYNTHETIC_PROMPT, rng)
-    outputs = _lognormal_lengths(count, SYNTHETIC_OUTPUT, rng)
+    arrivals = poisson_arrivals(count, rps, rng)
+    prompts = lognormal_lengths(count, SYNTHETIC_PROMPT, rng)
+    outputs = lognormal_lengths(count, SYNTHETIC_OUTPUT, rng)
     p_med, p_sigma, p_lo, p_hi = SYNTHETIC_PROMPT
     o_med, o_sigma, o_lo, o_hi = SYNTHETIC_OUTPUT
     note = (
@@ -523,7 +525,8 @@ def _truncate(draft: _Draft, count: int, spec: str) -> None:
     draft.notes.append(f"Truncated to the first {count:,} requests.")
 
 
-def _cap_context(draft: _Draft, context_limit: int) -> None:
+def _cap_context(draft: _Draft, context_limit: int) -> int:
+    """Cap prompts at the context limit; returns how many were shortened."""
     room = np.maximum(context_limit - draft.outputs, 1)
     capped = int(np.count_nonzero(draft.prompts > room))
     draft.prompts = np.minimum(draft.prompts, room).astype(np.int64)
@@ -531,6 +534,7 @@ def _cap_context(draft: _Draft, context_limit: int) -> None:
         f"Prompts capped at context_limit - output_len with context_limit={context_limit:,} "
         f"(at least 1 token): {capped:,} prompts shortened."
     )
+    return capped
 
 
 def _check_rps(rps: object) -> float:
@@ -594,6 +598,11 @@ def build_workload(
         draft = _build_mixed(rps_value)
     elif spec_text == "synthetic":
         draft = _build_synthetic(rps_value, seed_value, count or SYNTHETIC_DEFAULT_REQUESTS, rng)
+    elif spec_text in LONG_WORKLOAD_NAMES:
+        arrivals, prompts, outputs, note = build_long(
+            spec_text, rps_value, seed_value, count or LONG_DEFAULT_REQUESTS, rng
+        )
+        draft = _Draft(spec_text, arrivals, prompts, outputs, [("all", 0, len(prompts))], [note])
     elif _looks_like_path(spec_text):
         draft = _build_csv(Path(spec_text).expanduser(), rps_value)
     else:
@@ -604,8 +613,9 @@ def build_workload(
 
     if count is not None:
         _truncate(draft, count, spec_text)
+    capped = 0
     if limit is not None:
-        _cap_context(draft, limit)
+        capped = _cap_context(draft, limit)
     return Workload(
         name=draft.name,
         arrivals=draft.arrivals,
@@ -613,4 +623,5 @@ def build_workload(
         output_lens=draft.outputs,
         windows=tuple(draft.windows),
         description=" ".join(draft.notes),
+        capped_prompts=capped,
     )

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from fluidpd.api import knobs
 from fluidpd.api.knobs import FLUIDROLE_KNOBS
 from fluidpd.core.fallback import FallbackConfig
-from fluidpd.core.fluidrole import FluidRoleConfig
+from fluidpd.core.fluidrole import FluidRoleConfig, SwitchRule
 from fluidpd.core.types import DrainMode
 
 
@@ -127,6 +127,8 @@ class FluidRoleSpec(_Spec):
     cooldown_seconds: float = Field(5.0, alias="cooldownSeconds")
     reversal_cooldown_seconds: float = Field(300.0, alias="reversalCooldownSeconds")
     drain_mode: DrainMode = Field(DrainMode.MIGRATE, alias="drainMode")
+    switch_rule: SwitchRule = Field(SwitchRule.PREDICTIVE, alias="switchRule")
+    switch_budget: int = Field(2, ge=0, alias="switchBudget")
 
 
 class AutoscalingSpec(_Spec):

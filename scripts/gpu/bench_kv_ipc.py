@@ -14,8 +14,9 @@ Prints one line per size and writes JSON: ``python scripts/gpu/bench_kv_ipc.py -
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
 import gc
+import json
 import mmap
 import os
 import signal
@@ -110,10 +111,9 @@ def bench_shm(sizes: list[int], device: str, repeats: int) -> dict[str, Any]:
     ha = hb = a = b = arr = None
     gc.collect()
     for m in maps:
-        try:
+        # A view still alive somewhere: the map goes with the process.
+        with contextlib.suppress(BufferError):
             m.close()
-        except BufferError:  # a view still alive somewhere: the map goes with the process
-            pass
     for path in files:
         path.unlink()
     return rows

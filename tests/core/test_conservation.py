@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fluidpd
-from fluidpd.core.fluidrole import FluidRoleConfig
+from fluidpd.core.fluidrole import FluidRoleConfig, SwitchRule
 from fluidpd.core.profile import Profile
 from fluidpd.core.types import SLO, DrainMode
 from fluidpd.profiles import load_profile_file
@@ -51,6 +51,9 @@ def aggressive(mode: DrainMode, dpi_adm_high: float = 0.05) -> FluidRoleConfig:
         interval_s=1.0,
         dpi_adm_high=dpi_adm_high,
         drain_mode=mode,
+        # Conservation under as many switches as possible: the paper's rule, no budget.
+        switch_rule=SwitchRule.PAPER,
+        switch_budget=0,
     )
 
 

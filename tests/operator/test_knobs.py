@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from fluidpd.api.knobs import FLUIDROLE_KNOBS
 from fluidpd.cli import controller_cmd, sidecar_cmd
 from fluidpd.cli.policy_options import fluidrole_argv, fluidrole_config
 from fluidpd.core.fluidrole import FluidRoleConfig
-from fluidpd.core.types import DrainMode, Role
+from fluidpd.core.types import Role
 from fluidpd_operator import resources as res
 from fluidpd_operator.spec import DeploymentSpec, FluidRoleSpec
 
@@ -51,7 +52,10 @@ def test_every_knob_is_in_the_crd_with_the_cores_default() -> None:
 
 
 def test_every_config_field_a_user_sets_is_a_knob() -> None:
-    internal = {"enabled", "percentile", "dpi_adm_saturated", "ppi_saturated"}
+    # The predictive rule's forecast horizon, margin, settle/freeze times and budget window are
+    # the rule's own constants (issue #14), not settings a deployment tunes.
+    internal = {"enabled", "percentile", "dpi_adm_saturated", "ppi_saturated", "horizon_s",
+                "gain_margin", "settle_s", "freeze_s", "budget_window_s"}  # fmt: skip
     fields = {f.name for f in dataclasses.fields(FluidRoleConfig)} - internal
     assert fields == {k.field for k in FLUIDROLE_KNOBS}
 
@@ -68,8 +72,8 @@ def test_cli_and_crd_map_each_knob_to_the_same_field() -> None:
     """A distinct value per knob: a swapped or dropped mapping shows as a wrong field."""
     values: dict[str, Any] = {}
     for i, k in enumerate(FLUIDROLE_KNOBS):
-        if k.kind is DrainMode:
-            values[k.field] = DrainMode.WAIT
+        if issubclass(k.kind, Enum):  # a member other than the default
+            values[k.field] = next(m for m in k.kind if m != k.default)
         elif k.kind is int:
             values[k.field] = 2 + i
         else:
@@ -78,7 +82,7 @@ def test_cli_and_crd_map_each_knob_to_the_same_field() -> None:
     argv = ["controller", "--router", "http://r"]
     for k in FLUIDROLE_KNOBS:
         v = values[k.field]
-        argv += [k.flag, v.value if isinstance(v, DrainMode) else str(v)]
+        argv += [k.flag, v.value if isinstance(v, Enum) else str(v)]
     args = _parser(controller_cmd.add_parser).parse_args(argv)
     assert fluidrole_config(args) == want
     # What `up` hands the controller parses back to the same config.
@@ -88,7 +92,7 @@ def test_cli_and_crd_map_each_knob_to_the_same_field() -> None:
     assert fluidrole_config(again) == want
     role = {k.crd: values[k.field] for k in FLUIDROLE_KNOBS if not k.top_level}
     top = {k.crd: values[k.field] for k in FLUIDROLE_KNOBS if k.top_level}
-    role["drainMode"] = "wait"
+    role = {key: v.value if isinstance(v, Enum) else v for key, v in role.items()}
     spec = DeploymentSpec.model_validate({"model": {"name": "m"}, "fluidRole": role, **top})
     assert spec.fluidrole_config() == want
 

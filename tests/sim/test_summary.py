@@ -27,3 +27,20 @@ def test_summary_picks_the_claims() -> None:
     assert s.tpot_deltas == [(10, -0.010000000000000009)]
     text = format_summary([s])
     assert "most mismatched static rate 20 req/s" in text and "worst drop 1.0 pp" in text
+
+
+def test_summary_leads_with_the_worst_rate_and_counts_cut_prompts() -> None:
+    runs = [
+        rec("static", 1, 0.56), rec("fluidpd", 1, 0.70),
+        rec("static", 2, 0.37), rec("fluidpd", 2, 0.04),
+        rec("static", 2.5, 0.21), rec("fluidpd", 2.5, 0.20),
+    ]  # fmt: skip
+    for r in runs:
+        r["capped_prompts"] = 10
+    (s,) = summarize(runs)
+    assert s.worst_vs_static is not None
+    rps, pp = s.worst_vs_static
+    assert rps == 2 and abs(pp + 33.0) < 1e-9
+    lines = format_summary([s]).splitlines()
+    assert lines[1].startswith("  worst FluidPD - static over all rates: -33.0 pp at 2 req/s")
+    assert "10 prompts cut to the context limit" in lines[2]

@@ -7,6 +7,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from fluidpd.core.fluidtoken import (
     FluidTokenConfig,
     max_admissible_suffix,
@@ -14,7 +16,12 @@ from fluidpd.core.fluidtoken import (
     tpot_slack,
 )
 from fluidpd.core.migration import Migrant, Peer
-from fluidpd.core.predictors import DecodeIterPredictor, SuffixPredictor, TransferModel
+from fluidpd.core.predictors import (
+    DecodeIterPredictor,
+    FloatArray,
+    SuffixPredictor,
+    TransferModel,
+)
 from fluidpd.core.scheduler.messages import Finished, FirstToken, Message, Reroute, Reserved
 from fluidpd.core.signals import allocatable_kv, dpi_adm, dpi_load
 from fluidpd.core.types import SLO, Request
@@ -43,6 +50,9 @@ class DecodeBatch:
     suffix: list[Request]
     predicted_s: float
     start: float
+    #: Consecutive iterations of an unchanged batch (a simulator runs them as one step; a live
+    #: engine always asks for one).
+    iterations: int = 1
 
 
 def slack_bank_update(bank: float, tpot_slo: float, iteration_s: float, cap: float) -> float:
@@ -55,6 +65,19 @@ def slack_bank_update(bank: float, tpot_slo: float, iteration_s: float, cap: flo
     stolen work cannot push every stream's average past S_TPOT.
     """
     return min(cap, bank + tpot_slo - iteration_s)
+
+
+def slack_bank_after(bank: float, tpot_slo: float, iteration_s: FloatArray, cap: float) -> float:
+    """:func:`slack_bank_update` applied once per iteration of ``iteration_s``, in closed form.
+
+    With S_m the running sum of (S_TPOT - t_i) over the first m iterations, the capped
+    recurrence unrolls to min(bank + S_k, cap + S_k - max_m S_m).
+    """
+    if len(iteration_s) == 0:
+        return bank
+    running = np.cumsum(tpot_slo - np.asarray(iteration_s, dtype=np.float64))
+    total = float(running[-1])
+    return min(bank + total, cap + total - float(running.max()), cap)
 
 
 @dataclass(slots=True)
@@ -179,7 +202,22 @@ class DecodeSide:
     def bank_cap(self) -> float:
         return max(0.0, (self.token_cfg.eta - 1.0) * self.slo.tpot)
 
-    def next_batch(self, now: float) -> DecodeBatch | None:
+    def _iterations_to_next_finish(self) -> int:
+        """Iterations until the first active request finishes (stale heap entries dropped)."""
+        heap = self._finish_heap
+        while heap:
+            due, rid = heap[0]
+            slot = self.active.get(rid)
+            if slot is not None and slot.finish_iteration == due:
+                return max(1, due - self.iteration)
+            heapq.heappop(heap)
+        return 1
+
+    def next_batch(self, now: float, max_iterations: int = 1) -> DecodeBatch | None:
+        """The next iteration, or up to ``max_iterations`` of them while nothing can change the
+        batch's membership by itself: no stolen suffix waiting and no member finishing before
+        the last one. A harness that changes membership meanwhile (a hand-off, a cancel, a
+        drain) first calls :meth:`split` and :meth:`truncate`."""
         if self.running is not None:
             return None
         for req, generated in self.joining:
@@ -200,16 +238,72 @@ class DecodeSide:
                 suffix_s += t
         if n == 0 and not suffix:
             return None
-        predicted = (self.decode.time(n, ctx) if n else 0.0) + suffix_s
-        self.running = DecodeBatch(n, ctx, suffix, predicted, now)
+        k = 1
+        if max_iterations > 1 and n and not suffix and not self.ready:
+            k = min(max_iterations, self._iterations_to_next_finish())
+        if k > 1:
+            predicted = self.decode.span_time(n, ctx, k)
+        else:
+            predicted = (self.decode.time(n, ctx) if n else 0.0) + suffix_s
+        self.running = DecodeBatch(n, ctx, suffix, predicted, now, k)
         return self.running
 
-    def finish_batch(self, batch: DecodeBatch, now: float, measured_s: float) -> None:
+    def split(
+        self, batch: DecodeBatch, done: int, now: float, iteration_s: FloatArray
+    ) -> DecodeBatch:
+        """End the first ``done`` iterations of a multi-iteration batch at ``now`` (the end of
+        the last of them; ``iteration_s`` their durations); the rest keeps running as the
+        returned batch. Nobody finishes in the part split off (the batch stops at the first
+        finish), so this only advances the iteration count, the context and the slack bank."""
+        if self.running is not batch or not 0 < done < batch.iterations:
+            raise ValueError("split needs the running batch and 0 < done < its iterations")
+        if self._left_running_batch:
+            raise ValueError("split after a member left the batch")
+        k, n = batch.iterations, batch.batch
+        head = DecodeBatch(
+            n, batch.context, [], self.decode.span_time(n, batch.context, done), batch.start, done
+        )
+        self.running = head
+        self.finish_batch(head, now, float(sum(iteration_s)), iteration_s)
+        ctx = batch.context + n * done
+        self.running = DecodeBatch(
+            n, ctx, [], self.decode.span_time(n, ctx, k - done), now, k - done
+        )
+        return self.running
+
+    def truncate(self, batch: DecodeBatch) -> DecodeBatch:
+        """Stop a multi-iteration batch after its first iteration (the one in progress), so that
+        a membership change takes effect at the next boundary."""
+        if self.running is not batch:
+            raise ValueError("truncate for a batch this worker is not running")
+        if batch.iterations == 1:
+            return batch
+        self.running = DecodeBatch(
+            batch.batch,
+            batch.context,
+            [],
+            self.decode.time(batch.batch, batch.context),
+            batch.start,
+        )
+        return self.running
+
+    def finish_batch(
+        self,
+        batch: DecodeBatch,
+        now: float,
+        measured_s: float,
+        iteration_s: FloatArray | None = None,
+    ) -> None:
+        """The running batch ended at ``now`` after ``measured_s`` seconds (``iteration_s``:
+        each iteration's duration, for a multi-iteration batch)."""
         if self.running is not batch:
             raise ValueError("finish_batch for a batch this worker is not running")
+        k = batch.iterations
+        if k > 1 and self._left_running_batch:
+            raise ValueError("a member left a multi-iteration batch; truncate it first")
         self.running = None
-        self.iteration += 1
-        self.context += batch.batch - self._left_running_batch
+        self.iteration += k
+        self.context += k * batch.batch - self._left_running_batch
         self._left_running_batch = 0
         heap = self._finish_heap
         while heap and heap[0][0] <= self.iteration:
@@ -232,7 +326,11 @@ class DecodeSide:
                 self._join(req, 1)
         self._cancelled_suffix.clear()
         if batch.batch:
-            self.bank = slack_bank_update(self.bank, self.slo.tpot, measured_s, self.bank_cap)
+            if k == 1:
+                self.bank = slack_bank_update(self.bank, self.slo.tpot, measured_s, self.bank_cap)
+            else:
+                steps = np.full(k, measured_s / k) if iteration_s is None else iteration_s
+                self.bank = slack_bank_after(self.bank, self.slo.tpot, steps, self.bank_cap)
         self.admit()
 
     def finish_early(self, rid: int, now: float) -> bool:
@@ -396,7 +494,9 @@ class DecodeSide:
         bound, so that budgets refreshed every prefill iteration cannot pile up more stolen
         work than one eligible iteration can absorb.
         """
-        if not self.admitting:
+        if not self.admitting or self.prealloc:
+            # Requests already wait for KV here: decode admission is the bottleneck, and an
+            # extend would only lengthen the iterations whose finishes free that KV.
             return 0.0
         n, ctx = len(self.active), self.context
         slack = tpot_slack(self.slo.tpot, self.decode, n, ctx)

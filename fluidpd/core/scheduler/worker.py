@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from fluidpd.core.fluidrole import WorkerSignals
 from fluidpd.core.fluidtoken import FluidTokenConfig
-from fluidpd.core.predictors import OnlineCalibrator
+from fluidpd.core.predictors import FloatArray, OnlineCalibrator
 from fluidpd.core.profile import Profile
 from fluidpd.core.rolestate import RoleStateMachine
 from fluidpd.core.scheduler.decode import DecodeBatch, DecodeSide
@@ -132,14 +132,24 @@ class Worker:
         return out
 
     # -- scheduling ---------------------------------------------------------------------------
-    def next_batch(self, now: float, budgets: BudgetSource | None = None) -> Batch | None:
+    def next_batch(
+        self, now: float, budgets: BudgetSource | None = None, max_iterations: int = 1
+    ) -> Batch | None:
+        """The next step; ``max_iterations`` > 1 lets a decode step span several iterations of
+        an unchanged batch (simulators; see ``DecodeSide.next_batch``)."""
         if self.state is RoleState.SWITCH:
             return None
         if self.role is Role.PREFILL:
             return self.prefill.next_batch(now, budgets)
-        return self.decode.next_batch(now)
+        return self.decode.next_batch(now, max_iterations)
 
-    def finish_batch(self, batch: Batch, now: float, measured_s: float) -> None:
+    def finish_batch(
+        self,
+        batch: Batch,
+        now: float,
+        measured_s: float,
+        iteration_s: FloatArray | None = None,
+    ) -> None:
         if isinstance(batch, PrefillBatch):
             self.prefill.finish_batch(batch, now)
             if self.adaptive and batch.prefix_tokens > 0:
@@ -147,8 +157,8 @@ class Worker:
                     batch.prefix_tokens, measured_s
                 )
             return
-        self.decode.finish_batch(batch, now, measured_s)
-        if not self.adaptive:
+        self.decode.finish_batch(batch, now, measured_s, iteration_s)
+        if not self.adaptive or batch.iterations > 1:
             return
         if batch.batch and not batch.suffix:
             self.decode.decode = self.calibrator.observe_decode(

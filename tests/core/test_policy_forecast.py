@@ -1,0 +1,166 @@
+"""The predictive switch rule: a switch only when its forecast gain beats its cost; a switch
+whose forecast the observed pressure refutes is undone, restoring the prior split."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fluidpd.core.fluidrole import (
+    FluidRoleConfig,
+    FluidRolePolicy,
+    SwitchDecision,
+    SwitchRule,
+    WorkerSignals,
+)
+from fluidpd.core.fluidtoken import FluidTokenConfig
+from fluidpd.core.policy_forecast import (
+    CapacityModel,
+    Demand,
+    DemandWindow,
+    Split,
+    clearly_worth,
+    prefill_headroom,
+)
+from fluidpd.core.scheduler.worker import Worker
+from fluidpd.core.types import SLO, Request, Role, RoleState
+from fluidpd.profiles import resolve_profile
+
+SLO_ = SLO(2.0, 0.1)
+MODEL = CapacityModel.from_profile(resolve_profile("llama-3.1-8b", "a100-80gb", None), SLO_)
+CFG = FluidRoleConfig(n_persist=1, cooldown_s=0.0, settle_s=10.0, freeze_s=100.0)
+
+
+def fleet(n_p: int, n_d: int, ppi: float, load: float, adm: float) -> list[WorkerSignals]:
+    return [
+        WorkerSignals(f"p{i}", Role.PREFILL, RoleState.ACTIVE, queue_ppi=ppi) for i in range(n_p)
+    ] + [
+        WorkerSignals(f"d{i}", Role.DECODE, RoleState.ACTIVE, dpi_load=load, dpi_adm=adm)
+        for i in range(n_d)
+    ]
+
+
+def demand(rate: float, prompt: float, output: float) -> Demand:
+    return Demand(rate, prompt, output, float(MODEL.prefill.time(prompt)), 1000, True)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rate=st.floats(0.1, 60.0),
+    prompt=st.floats(50.0, 16000.0),
+    output=st.floats(1.0, 2000.0),
+    n_p=st.integers(1, 6),
+    n_d=st.integers(2, 6),
+)
+def test_switch_taken_only_when_forecast_gain_beats_cost(
+    rate: float, prompt: float, output: float, n_p: int, n_d: int
+) -> None:
+    # Signals that make eq. (22) recommend D->P; the forecast alone decides.
+    policy = FluidRolePolicy(CFG, MODEL)
+    d = demand(rate, prompt, output)
+    decision = policy.observe(0.0, fleet(n_p, n_d, 3.0, 0.05, 0.05), d)
+    # What the policy observed: decode DPI 0.05 (settled: a full window, no switch yet) and
+    # PPI-bar 3.0.
+    f = MODEL.forecast(d, Split(n_p, n_d), Role.DECODE, CFG.horizon_s, True, 0.05, 3.0)
+    assert repr(policy.last_forecast) == repr(f)  # repr: nan == nan
+    took = isinstance(decision, SwitchDecision)
+    assert took == clearly_worth(f, CFG.gain_margin)
+    if took:
+        assert isinstance(decision, SwitchDecision)
+        assert decision.forecast is not None
+        assert decision.forecast.gain > 0
+        assert decision.forecast.gain >= decision.forecast.cost
+
+
+def test_paper_rule_switches_without_a_forecast() -> None:
+    policy = FluidRolePolicy(FluidRoleConfig(n_persist=1, switch_rule=SwitchRule.PAPER), MODEL)
+    decision = policy.observe(0.0, fleet(4, 4, 3.0, 0.05, 0.05), demand(0.1, 500, 50))
+    assert isinstance(decision, SwitchDecision) and decision.forecast is None
+
+
+def test_comfortable_split_is_left_alone() -> None:
+    # Eq. (22) fires (a PPI burst) but the forecast says 4P4D carries this demand.
+    policy = FluidRolePolicy(CFG, MODEL)
+    d = demand(1.0, 1000, 100)
+    assert MODEL.bottleneck(d, Split(4, 4)) < 1
+    assert not isinstance(policy.observe(0.0, fleet(4, 4, 3.0, 0.05, 0.05), d), SwitchDecision)
+    assert policy.refused == 1
+
+
+def _apply(split: dict[str, Role], decision: SwitchDecision) -> None:
+    assert split[decision.worker] is decision.source
+    split[decision.worker] = decision.target
+
+
+def test_refuted_switch_is_undone_and_restores_the_split() -> None:
+    policy = FluidRolePolicy(CFG, MODEL)
+    d = demand(30.0, 2000, 50)  # prefill-bound: the forecast wants D->P
+    roles = {f"p{i}": Role.PREFILL for i in range(2)} | {f"d{i}": Role.DECODE for i in range(4)}
+    before = dict(roles)
+    first = policy.observe(0.0, fleet(2, 4, 3.0, 0.05, 0.05), d)
+    assert isinstance(first, SwitchDecision) and first.source is Role.DECODE
+    _apply(roles, first)
+    policy.switch_finished(first.worker, 1.0)
+    # Settled: the decode pool that gave up a worker is saturated, against the forecast.
+    starved = [
+        WorkerSignals(w, r, RoleState.ACTIVE, dpi_load=0.9, dpi_adm=0.99)
+        if r is Role.DECODE
+        else WorkerSignals(w, r, RoleState.ACTIVE, queue_ppi=0.2)
+        for w, r in roles.items()
+    ]
+    assert not isinstance(policy.observe(5.0, starved, d), SwitchDecision)  # not settled yet
+    undo = policy.observe(12.0, starved, d)
+    assert isinstance(undo, SwitchDecision) and undo.undo
+    assert undo.source is Role.PREFILL and undo.target is Role.DECODE
+    _apply(roles, undo)
+    assert sorted(roles.values()) == sorted(before.values())
+    policy.switch_finished(undo.worker, 13.0)
+    # The refuted direction stays frozen even though eq. (22) asks for it again.
+    again = [
+        WorkerSignals(w, r, RoleState.ACTIVE, queue_ppi=3.0)
+        if r is Role.PREFILL
+        else WorkerSignals(w, r, RoleState.ACTIVE, dpi_load=0.05, dpi_adm=0.05)
+        for w, r in roles.items()
+    ]
+    assert not isinstance(policy.observe(50.0, again, d), SwitchDecision)
+    assert policy.undone == 1
+
+
+def test_switch_budget_limits_switches_per_window() -> None:
+    cfg = FluidRoleConfig(n_persist=1, cooldown_s=0.0, reversal_cooldown_s=0.0, switch_budget=1)
+    policy = FluidRolePolicy(cfg, None)
+    first = policy.observe(0.0, fleet(2, 4, 3.0, 0.05, 0.05))
+    assert isinstance(first, SwitchDecision)
+    policy.switch_finished(first.worker, 1.0)
+    assert not isinstance(policy.observe(2.0, fleet(3, 3, 3.0, 0.05, 0.05)), SwitchDecision)
+    later = policy.observe(cfg.budget_window_s + 1.0, fleet(3, 3, 3.0, 0.05, 0.05))
+    assert isinstance(later, SwitchDecision)
+
+
+def test_headroom_is_relative_to_prompt_and_slo() -> None:
+    assert prefill_headroom(0.1, 2.0) > prefill_headroom(0.7, 2.0) > prefill_headroom(0.7, 1.0)
+    assert prefill_headroom(2.5, 2.0) == 0.0
+    assert math.isinf(MODEL.prefill_ratio(demand(1.0, 60000, 10), 4))
+
+
+def test_demand_window_keeps_running_sums() -> None:
+    w = DemandWindow(MODEL.prefill, window_s=10.0)
+    for i in range(200):
+        w.add(i * 0.1, 1000 + i, 10)
+    d = w.demand(19.95)
+    assert d.samples == 100 and math.isclose(d.rate, 10.0)
+    assert math.isclose(d.prompt, sum(1000 + i for i in range(100, 200)) / 100)
+    assert d.full_window and d.reliable
+
+
+def test_no_steal_budget_while_requests_wait_for_decode_kv() -> None:
+    profile = resolve_profile("llama-3.1-8b", "a100-80gb", None)
+    w = Worker.create("d0", Role.DECODE, profile, SLO_, FluidTokenConfig())
+    assert w.decode.steal_budget(1) > 0
+    big = profile.kv.capacity_tokens // 2
+    for rid in range(3):  # the third does not fit and waits in the prealloc queue
+        w.decode.add(Request(rid, 0.0, big - 10, 5))
+    assert w.decode.prealloc
+    assert w.decode.steal_budget(1) == 0.0
