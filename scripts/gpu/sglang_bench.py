@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import random
 import statistics
@@ -29,15 +30,14 @@ from typing import Any
 
 import httpx
 
-from fluidpd_sidecar.sglang.server import SglangConfig, SglangServer, free_ports
+from fluidpd.modeldir.synthetic import write_tokenizer
+from fluidpd_sidecar.gpu.config import resolve_shape
+from fluidpd_sidecar.sglang.server import SglangConfig, SglangServer, free_ports, server_command
 
 
 def make_model_dir(shape: str, out: Path) -> Path:
     """``config.json`` of the shape (weights: ``--load-format dummy``) and a synthetic tokenizer
     padded to the shape's vocabulary, so the directory is complete for FluidPD's sidecar too."""
-    from fluidpd.modeldir.synthetic import write_tokenizer
-    from fluidpd_sidecar.gpu.config import resolve_shape
-
     cfg = resolve_shape(shape)
     out.mkdir(parents=True, exist_ok=True)
     hf = cfg.to_hf_config()
@@ -75,7 +75,7 @@ async def hook(client: httpx.AsyncClient, port: int) -> dict[str, Any]:
 def step_period(steps: list[dict[str, Any]], bs: int) -> float | None:
     """Median spacing of consecutive decode steps at batch size ``bs`` (the step period)."""
     ts = [s["t"] for s in steps if s["kind"] == "decode" and s["bs"] == bs]
-    gaps = [b - a for a, b in zip(ts, ts[1:], strict=False) if b - a < 1.0]
+    gaps = [b - a for a, b in itertools.pairwise(ts) if b - a < 1.0]
     return statistics.median(gaps) if gaps else None
 
 
@@ -200,8 +200,6 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def srv_cmd(srv: SglangServer) -> list[str]:
-    from fluidpd_sidecar.sglang.server import server_command
-
     return server_command(srv.cfg)
 
 
@@ -218,7 +216,7 @@ def main() -> int:
         "--mem-fraction",
         type=lambda s: [float(x) for x in s.split(",")],
         default=None,
-        help="--mem-fraction-static per worker, comma-separated (e.g. 0.42,0.85 for two on one GPU)",
+        help="--mem-fraction-static per worker, comma-separated (0.42,0.85: two on one GPU)",
     )
     p.add_argument("--context-length", type=int, default=None)
     p.add_argument("--max-total-tokens", type=int, default=None)

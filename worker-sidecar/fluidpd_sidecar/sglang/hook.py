@@ -130,15 +130,15 @@ def _wrap_run_batch(cls: Any) -> None:
 def _wrap_init(cls: Any) -> None:
     original = cls.__init__
 
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
         _state["scheduler"] = self  # observable before the first batch runs
 
-    cls.__init__ = __init__
+    cls.__init__ = init
 
 
 class _Handler(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+    def do_GET(self) -> None:
         try:
             body = json.dumps(snapshot()).encode()
             code = 200
@@ -151,13 +151,13 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: Any) -> None:
         return
 
 
 def install() -> None:
     """Patch SGLang's scheduler class and start the snapshot server (scheduler process only)."""
-    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.managers.scheduler import Scheduler  # noqa: PLC0415 - SGLang's process only
 
     _wrap_init(Scheduler)
     _wrap_run_batch(Scheduler)
@@ -174,6 +174,8 @@ def run_scheduler_process(*args: Any, **kwargs: Any) -> Any:
     name, so the child imports this module and the patches are made in the child itself.
     """
     install()
-    from sglang.srt.managers.scheduler import run_scheduler_process as run
+    from sglang.srt.managers.scheduler import (  # noqa: PLC0415 - after the patches
+        run_scheduler_process as run,
+    )
 
     return run(*args, **kwargs)

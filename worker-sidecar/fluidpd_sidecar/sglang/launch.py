@@ -16,11 +16,13 @@ import sys
 
 
 def main(argv: list[str]) -> None:
-    from sglang.srt.entrypoints.http_server import launch_server
-    from sglang.srt.server_args import prepare_server_args
-    from sglang.srt.utils import kill_process_tree
+    # Imported here, not at the top: FluidPD's linters and type checker read this module in an
+    # environment without SGLang.
+    from sglang.srt.entrypoints.http_server import launch_server  # noqa: PLC0415
+    from sglang.srt.server_args import prepare_server_args  # noqa: PLC0415
+    from sglang.srt.utils import kill_process_tree  # noqa: PLC0415
 
-    from fluidpd_sidecar.sglang.hook import run_scheduler_process
+    from fluidpd_sidecar.sglang.hook import run_scheduler_process  # noqa: PLC0415
 
     server_args = prepare_server_args(argv)
     try:

@@ -14,6 +14,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -231,8 +232,6 @@ class SglangServer:
 
 def free_ports(n: int, host: str = "127.0.0.1") -> Sequence[int]:
     """``n`` distinct ports free right now (SGLang and its hook listen on them)."""
-    import socket
-
     socks = []
     try:
         for _ in range(n):
