@@ -79,7 +79,9 @@ def server_command(cfg: SglangConfig) -> list[str]:
     if cfg.cpu:
         # The CPU recipe (shared/notes/sglang-on-h200.md): no kernel package, eager torch.
         argv += ["--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph"]
-        argv += ["--skip-server-warmup"]
+        # Overlap scheduling records CUDA events (SGLang 0.5.17's early send of a cached
+        # prefix on a prefill server crashes on CPU with it); there is nothing to overlap.
+        argv += ["--skip-server-warmup", "--disable-overlap-schedule"]
     else:
         # FA3's kernels are trimmed from the carried sglang-kernel wheel (scripts/gpu).
         argv += ["--attention-backend", "triton"]
