@@ -5,9 +5,14 @@
 #   .sglwhl/a  sglang-kernel 0.4.5 without flash_ops.abi3.so (FA3, 342 MB; we run
 #              --attention-backend triton) and without its sm100/ build; flashinfer-python
 #              (pure Python); xgrammar 0.2.1 without its static library        (~52 MiB)
-#   .sglwhl/b  sglang 0.5.17 without its optional Rust _core library, the small wheels its
+#   .sglwhl/b  sglang 0.5.17 without its optional Rust _core libraries, the small wheels its
 #              server imports (transformers 5.12.1 and tokenizers 0.22.2 shadow the machine's
-#              5.17), and what FluidPD's sidecar needs beside them               (~52 MiB)
+#              5.17), and what FluidPD's sidecar needs beside them               (~41 MiB)
+#   .sglwhl/mc mooncake-transfer-engine-cuda13 (SGLang's KV transfer on CUDA 13) with only its
+#              transfer engine (store, EP, process-group, master and client binaries removed),
+#              the system libraries it links that the machine may lack (libibverbs, mlx5,
+#              libnuma as .deb, unpacked there), msgpack, and the tvm-ffi JIT cache of the
+#              last H200 run when results/ has it                                (< 23 MiB)
 # Repacking a wheel = unzip, delete files, drop their RECORD lines, zip again.
 # usage: bash scripts/gpu/sglang_bundles.sh          (idempotent; prints the bundle sizes)
 set -euo pipefail
@@ -66,5 +71,17 @@ repack "$(ls $D/xgrammar-0.2.1-*.whl)" "$A" "xgrammar/lib/libxgrammar.a"
 cp "$(ls $D/flashinfer_python-0.6.15.post1-*.whl)" "$A/"
 repack "$(ls $D/sglang-0.5.17-*.whl)" "$B" "sglang/srt/*/_core*.so"
 cp "$D"/small/*.whl "$B/"
+MC=.sglwhl/mc
+mkdir -p "$MC/debs"
+pip download -q "${P[@]}" -d "$D" mooncake-transfer-engine-cuda13==0.3.14 msgpack==1.1.2
+repack "$(ls $D/mooncake_transfer_engine_cuda13-0.3.14-*.whl)" "$MC" "mooncake/_store*.so" \
+  "mooncake/_ep*.so" "mooncake/mooncake_client" "mooncake/mooncake_master" \
+  "mooncake/libmooncake_pg*.so" "mooncake/libmooncake_ep*.so" "mooncake/*_jit"
+cp "$(ls $D/msgpack-1.1.2-*.whl)" "$MC/"
+(cd "$MC/debs" && apt-get download libibverbs1 ibverbs-providers libnuma1 libnl-3-200 \
+  libnl-route-3-200 >/dev/null 2>&1) || echo "sglang_bundles.sh: apt-get download failed"
+tvm=results/sglang/h200-2026-12-02/tvm-ffi-cache.tgz
+[ -f "$tvm" ] && cp "$tvm" "$MC/"
+du -sh "$MC"
 du -sh "$A" "$B"
 ls -la "$A"

@@ -188,6 +188,7 @@ class SglangService:
             "bootstrap_host": urlparse(self.cfg.url).hostname or cfg.host,
             "bootstrap_port": cfg.bootstrap_port,
             "pid": self.server.pid,
+            "url": cfg.url,
             "start_s": self.server.start_s,
             "restarts": self.server.restarts,
         }
