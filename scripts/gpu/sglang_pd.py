@@ -37,6 +37,8 @@ from fluidpd_sidecar.sglang.server import SglangConfig, SglangServer, free_ports
 from fluidpd_sidecar.sglang.wire import new_tokens
 from fluidpd_sidecar.stopping import OutputStream
 
+#: The served model name, read from the router once it is up.
+MODEL: list[str] = ["?"]
 TRANSFER_METRICS = r"sglang:(kv_transfer_(speed_gb_s|latency_ms)|num_transfer_failed)"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sglang_bench import make_model_dir  # noqa: E402 - sibling script
@@ -98,7 +100,7 @@ async def wait_ready(
     while time.monotonic() - t0 < timeout:
         for p in procs:
             if p.poll() is not None:
-                raise RuntimeError(f"{p.args[4:8]} exited with {p.returncode}")
+                raise RuntimeError(f"{p.args!r} exited with {p.returncode}")
         ok = 0
         for k in ("p", "d"):
             with contextlib.suppress(httpx.HTTPError):
@@ -112,7 +114,7 @@ async def wait_ready(
 async def complete(
     c: httpx.AsyncClient, router: str, ids: list[int], new: int, ignore_eos: bool
 ) -> dict[str, Any]:
-    body = {"model": "m", "prompt": [ids], "max_tokens": new, "temperature": 0, "stream": True,
+    body = {"model": MODEL[0], "prompt": [ids], "max_tokens": new, "temperature": 0, "stream": True,
             "ignore_eos": ignore_eos}  # fmt: skip
     t0 = time.perf_counter()
     ttft, text, n = None, "", 0
@@ -155,6 +157,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     try:
         async with httpx.AsyncClient(timeout=600) as c:
             rep["ready_s"] = await wait_ready(c, urls, procs, args.start_timeout)
+            MODEL[0] = (await c.get(f"{urls['router']}/v1/models")).json()["data"][0]["id"]
             rep["sglang"] = {
                 k: (await c.get(f"{urls[k]}/v1/internal/sglang")).json() for k in ("p", "d")
             }
