@@ -39,7 +39,7 @@ from fluidpd_sidecar.stopping import OutputStream
 
 #: The served model name, read from the router once it is up.
 MODEL: list[str] = ["?"]
-TRANSFER_METRICS = r"sglang:(kv_transfer_(speed_gb_s|latency_ms)|num_transfer_failed)"
+TRANSFER_METRICS = r"sglang:(kv_transfer_(speed_gb_s|latency_ms)_(sum|count)|num_transfer_failed)"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sglang_bench import make_model_dir  # noqa: E402 - sibling script
 
@@ -115,6 +115,7 @@ async def complete(
     c: httpx.AsyncClient, router: str, ids: list[int], new: int, ignore_eos: bool
 ) -> dict[str, Any]:
     body = {"model": MODEL[0], "prompt": [ids], "max_tokens": new, "temperature": 0, "stream": True,
+        "stream_options": {"include_usage": True},
             "ignore_eos": ignore_eos}  # fmt: skip
     t0 = time.perf_counter()
     ttft, text, n = None, "", 0
