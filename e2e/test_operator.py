@@ -320,8 +320,8 @@ def test_sglang_backend_makes_workers_and_a_bad_one_is_not_ready(
 ) -> None:
     """``backend: sglang`` is no longer refused (no Degraded, no UnsupportedBackend): workers
     are created with ``--engine sglang``. Without a model directory their sidecar exits at once
-    with a one-line error, so the pods stay NotReady instead of hanging; back on ``sim`` the
-    same object comes up. (SGLang itself on CPU is exercised in tests/sglang.)"""
+    with a one-line error, so the pods stay NotReady instead of hanging. (SGLang itself on CPU
+    is exercised in tests/sglang; a Ready sglang deployment on this plane is not tested yet.)"""
     cp, ns, name = control_plane, namespace, "sgl"
     apply(cp, ns, deployment(name, workers=2, prefill=1, engine={"backend": "sglang"}))
     pods = wait_for(lambda: worker_pods(cp, ns, name) if len(worker_pods(cp, ns, name)) == 2
@@ -347,9 +347,6 @@ def test_sglang_backend_makes_workers_and_a_bad_one_is_not_ready(
     for c in status(cp, ns, name).get("conditions", []):
         if c["type"] == "Degraded":
             assert "engine.backend" not in str(c.get("message", ""))
-    doc = deployment(name, workers=2, prefill=1, engine={"backend": "sim"})
-    apply(cp, ns, doc)
-    wait_ready(cp, ns, name, 2)
 
 
 def test_capacity_fallback_scales_out_and_back_in(

@@ -151,6 +151,20 @@ def add_sglang_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def sglang_sidecar_args(args: argparse.Namespace) -> list[str]:
+    """The ``add_sglang_options`` flags of a parsed command line, for a sidecar's (``up``)."""
+    out: list[str] = ["--sglang-start-timeout", str(args.sglang_start_timeout)]
+    if args.sglang_python:
+        out += ["--sglang-python", args.sglang_python]
+    if args.mem_fraction is not None:
+        out += ["--mem-fraction", str(args.mem_fraction)]
+    if args.sglang_max_total_tokens is not None:
+        out += ["--sglang-max-total-tokens", str(args.sglang_max_total_tokens)]
+    if args.sglang_load_format:
+        out += ["--sglang-load-format", args.sglang_load_format]
+    return out + [f"--sglang-arg={a}" for a in args.sglang_arg]
+
+
 def run(args: argparse.Namespace) -> int:
 
     from fluidpd.modeldir.model_dir import ModelDirError

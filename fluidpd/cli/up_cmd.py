@@ -45,6 +45,7 @@ from fluidpd.cli.policy_options import (
     fluidtoken_config,
     slo_config,
 )
+from fluidpd.cli.sidecar_cmd import add_sglang_options, sglang_sidecar_args
 from fluidpd.profiles import resolve_profile
 from fluidpd.sim.policies import MECHANISMS, parse_pd
 
@@ -98,14 +99,16 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument(
         "--engine",
-        choices=("sim", "gpu"),
+        choices=("sim", "gpu", "sglang"),
         default="sim",
-        help="sim: profile-timed steps; gpu: the torch transformer (--device: one device for "
+        help="sim: profile-timed steps; gpu: the torch transformer; sglang: one SGLang server "
+        "per worker, supervised by its sidecar (needs --model-dir) (--device: one device for "
         "every worker, or a comma-separated list, worker i on entry i mod its length, e.g. "
         "cuda:0,cuda:1,...,cuda:7 for one worker per GPU)",
     )
     add_model_dir_option(p)
     add_gpu_engine_options(p)
+    add_sglang_options(p)
     p.add_argument(
         "--force-steal",
         type=steal_ratio,
@@ -268,6 +271,9 @@ def run(args: argparse.Namespace) -> int:
                     "--device", devices[i % len(devices)],
                     "--dtype", args.dtype, "--weight-seed", str(args.weight_seed),
                 ]  # fmt: skip
+            if args.engine == "sglang":
+                argv += ["--engine", "sglang", "--device", devices[i % len(devices)]]
+                argv += sglang_sidecar_args(args)
             stack.start(wid, argv, env)
             workers.append(f"{wid}=http://{args.host}:{port}")
         router = [
@@ -279,8 +285,13 @@ def run(args: argparse.Namespace) -> int:
             router += ["--worker", w]
         stack.start("router", router, env)
         endpoint = f"http://{args.host}:{args.port}"
-        deadline = time.time() + args.ready_timeout
-        ready = all(_wait_http(f"{w.split('=', 1)[1]}/healthz", deadline) for w in workers)
+        wait_s = args.ready_timeout
+        if args.engine == "sglang":  # SGLang's start (minutes) has its own limit
+            wait_s = max(wait_s, args.sglang_start_timeout)
+        deadline = time.time() + wait_s
+        # An sglang sidecar is healthy at once and ready when its SGLang server is.
+        probe = "/readyz" if args.engine == "sglang" else "/healthz"
+        ready = all(_wait_http(f"{w.split('=', 1)[1]}{probe}", deadline) for w in workers)
         ready = ready and _wait_http(f"{endpoint}/healthz", deadline)
         if not ready or stack.dead():
             raise UserError(f"the stack did not come up; see the logs in {run_dir}")
