@@ -9,7 +9,7 @@ from fluidpd.api.sampling import SamplingParams
 from fluidpd.core.signals import dpi_adm, dpi_load
 from fluidpd.core.types import SLO, Role
 from fluidpd.profiles import resolve_profile
-from fluidpd_sidecar.sglang.observe import pressure_report
+from fluidpd_sidecar.sglang.observe import pressure_report, step_gauges
 from fluidpd_sidecar.sglang.server import SglangConfig, server_command, server_env
 from fluidpd_sidecar.sglang.wire import generate_body, new_tokens
 
@@ -106,3 +106,10 @@ def test_command_line_passes_model_gpu_and_memory_through() -> None:
     cpu = server_command(SglangConfig(python="py", model_dir="/m", port=1, hook_port=2,  # type: ignore[arg-type]
                                       device="cpu"))  # fmt: skip
     assert "--disable-overlap-schedule" in cpu and "--device" in cpu
+
+
+def test_step_gauges_are_medians_by_kind() -> None:
+    steps = [{"kind": "decode", "dur": d} for d in (0.005, 0.006, 0.007)]
+    steps += [{"kind": "extend", "dur": 0.03}, {"kind": "idle", "dur": 9.0}]
+    assert step_gauges({"steps": steps}) == {"decode": (0.006, 3), "extend": (0.03, 1)}
+    assert step_gauges({}) == {}

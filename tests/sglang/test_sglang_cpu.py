@@ -269,6 +269,7 @@ def test_observables_under_load(stack: Stack) -> None:
     metrics = httpx.get(f"{stack.decode}/metrics").text
     assert f'fluidpd_kv_capacity_tokens{{worker="d0"}} {float(MAX_TOKENS)}' in metrics
     assert 'fluidpd_ttft_seconds_count{worker="d0"}' in metrics
+    assert 'fluidpd_sglang_step_seconds{kind="decode",worker="d0"}' in metrics
     info = httpx.get(f"{stack.prefill}/v1/internal/sglang").json()
     assert info["mode"] == "prefill" and info["bootstrap_port"] and info["pid"]
 

@@ -98,3 +98,14 @@ def pressure_report(
         kv_reserved=pre_allocated,
         drain_cost=float(batch + held),
     )
+
+
+def step_gauges(snap: Mapping[str, Any]) -> dict[str, tuple[float, int]]:
+    """Median wall time and count of the last steps the hook saw, by kind (decode, extend):
+    SGLang's own gauges have no per-step time."""
+    out: dict[str, tuple[float, int]] = {}
+    for kind in ("decode", "extend"):
+        durs = sorted(float(s["dur"]) for s in snap.get("steps", []) if s.get("kind") == kind)
+        if durs:
+            out[kind] = (durs[len(durs) // 2], len(durs))
+    return out

@@ -22,13 +22,15 @@ import logging
 import os
 import signal
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
 import httpx
 import orjson
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from fluidpd.api.internal import (
     Abort,
@@ -44,7 +46,7 @@ from fluidpd.core.types import Request, Role, RoleState
 from fluidpd.modeldir.text import TokenText
 from fluidpd_sidecar.metrics import SidecarMetrics
 from fluidpd_sidecar.service import BadRequest, Conflict, SidecarConfig
-from fluidpd_sidecar.sglang.observe import pressure_report
+from fluidpd_sidecar.sglang.observe import pressure_report, step_gauges
 from fluidpd_sidecar.sglang.server import SglangError, SglangServer
 from fluidpd_sidecar.sglang.wire import generate_body, new_tokens
 from fluidpd_sidecar.stopping import OutputStream
@@ -52,6 +54,29 @@ from fluidpd_sidecar.stopping import OutputStream
 log = logging.getLogger("fluidpd.sidecar.sglang")
 # The hook is polled 20 times a second; httpx logs every request at INFO.
 logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+class _StepGauges(Collector):
+    """Step times from the hook (``/metrics``), read at scrape time."""
+
+    def __init__(self, service: SglangService) -> None:
+        self.service = service
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        worker = self.service.cfg.worker_id
+        med = GaugeMetricFamily(
+            "fluidpd_sglang_step_seconds",
+            "Median wall time of SGLang's recent scheduler steps (run_batch), by kind",
+            labels=["worker", "kind"],
+        )
+        n = GaugeMetricFamily(
+            "fluidpd_sglang_recent_steps", "Steps in that window", labels=["worker", "kind"]
+        )
+        for kind, (seconds, count) in step_gauges(self.service.snapshot).items():
+            med.add_metric([worker, kind], seconds)
+            n.add_metric([worker, kind], float(count))
+        yield med
+        yield n
 
 
 @dataclass(slots=True)
@@ -80,10 +105,12 @@ class SglangService:
         self.retiring = False
         self.halves: dict[int, _Half] = {}
         self._bootstraps: dict[str, tuple[str, int]] = {}
-        self._snapshot: dict[str, Any] = {}
+        #: The hook's last snapshot of SGLang's scheduler (``fluidpd_sidecar.sglang.hook``).
+        self.snapshot: dict[str, Any] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._client: httpx.AsyncClient | None = None
         self.metrics = SidecarMetrics(self)  # type: ignore[arg-type]  # same surface it reads
+        self.metrics.registry.register(_StepGauges(self))
 
     # -- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -130,7 +157,7 @@ class SglangService:
                 with contextlib.suppress(httpx.HTTPError, ValueError):
                     r = await self._client.get(url, timeout=2.0)
                     if r.status_code == 200:
-                        self._snapshot = r.json()
+                        self.snapshot = r.json()
             await asyncio.sleep(0.05)
 
     def ready(self) -> tuple[bool, str]:
@@ -146,7 +173,7 @@ class SglangService:
     def pressure(self, n_prefill: int | None = None) -> PressureReport:
         arrivals = {str(rid): h.req.arrival for rid, h in self.halves.items()}
         return pressure_report(
-            self._snapshot,
+            self.snapshot,
             worker=self.cfg.worker_id,
             role=self.role,
             profile=self.cfg.profile,
