@@ -47,6 +47,11 @@ def make_model_dir(shape: str, out: Path) -> Path:
     hf["torch_dtype"] = "bfloat16"
     (out / "config.json").write_text(json.dumps(hf, indent=1))
     write_tokenizer(out, arch="llama", pad_to=int(hf["vocab_size"]))
+    # The sidecar reads EOS ids from generation_config.json (as serving the real model would).
+    tok = json.loads((out / "tokenizer.json").read_text())
+    ids = {t["content"]: t["id"] for t in tok["added_tokens"]}
+    eos = [ids[t] for t in ("<|eot_id|>", "<|end_of_text|>") if t in ids]
+    (out / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
     return out
 
 
