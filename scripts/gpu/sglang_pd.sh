@@ -21,7 +21,7 @@ export LD_LIBRARY_PATH=~/sgllibs/usr/lib/x86_64-linux-gnu:~/sgllibs/lib/x86_64-l
 export PYTHONPATH=~/sgl:$PWD:$PWD/worker-sidecar PYTHONUNBUFFERED=1
 echo "install: $(( $(date +%s) - t0 )) s" | tee "$OUT/install.txt"
 python3 -c 'import mooncake.engine; print("mooncake", mooncake.engine.__file__)' 2>&1 | tee -a "$OUT/install.txt"
-timeout 500 python3 scripts/gpu/sglang_pd.py --out "$OUT" --python python3 \
+timeout 500 python3 scripts/gpu/sglang_pd.py --out "$OUT" --python "$(command -v python3)" \
   --sidecar-arg=--sglang-arg=--context-length=16384 \
   --sidecar-arg=--sglang-arg=--disable-piecewise-cuda-graph \
   --plain-arg=--context-length=16384 --plain-arg=--disable-piecewise-cuda-graph \
