@@ -33,6 +33,8 @@ SPLIT = frozenset(
     {"e2e/test_operator.py", "tests/serve/test_drills.py", "tests/images/test_dockerfiles.py"}
 )
 LONGEST = (
+    # Real SGLang servers on CPU: about 11 min under a loaded machine, one module (one stack).
+    "tests/sglang/test_sglang_cpu.py",
     "e2e/test_operator.py",
     "tests/monitoring/test_dashboards.py",
     "tests/serve/test_drills.py",

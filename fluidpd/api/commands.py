@@ -14,9 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-#: The sidecar's engines (``--engine``); the CRD also names ``sglang``, which the operator
-#: refuses until the sidecar has it.
-ENGINES = ("sim", "gpu")
+#: The sidecar's engines (``--engine``).
+ENGINES = ("sim", "gpu", "sglang")
 #: KV hand-off transports (``--kv-transfer``).
 TRANSFERS = ("sim", "mooncake", "shm")
 

@@ -19,6 +19,7 @@ from fluidpd.cli.options import (
     check_gpu_devices,
     configure_logging,
     load_model_dir_option,
+    positive_float,
     positive_int,
     serve_http,
     steal_ratio,
@@ -55,7 +56,8 @@ def add_parser(sub: Any) -> None:
         "--engine",
         choices=ENGINES,
         default="sim",
-        help="sim: steps timed by the profile; gpu: the torch transformer",
+        help="sim: steps timed by the profile; gpu: the torch transformer; sglang: an SGLang "
+        "0.5.17 server supervised by the sidecar (its own venv: scripts/sglang/mkvenv.sh)",
     )
     p.add_argument(
         "--kv-transfer",
@@ -72,6 +74,7 @@ def add_parser(sub: Any) -> None:
     )
     add_model_dir_option(p)
     add_gpu_engine_options(p)
+    add_sglang_options(p)
     p.add_argument("--model", default="llama-3.1-8b", help=MODEL_HELP)
     p.add_argument("--gpu", default="a100-80gb", help=GPU_HELP)
     p.add_argument("--profile", default=None, help=PROFILE_HELP)
@@ -93,6 +96,71 @@ def add_parser(sub: Any) -> None:
     )
     add_service_options(p, "warning")
     p.set_defaults(func=run)
+
+
+def _mem_fraction(text: str) -> float:
+    value = positive_float(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text!r}")
+    return value
+
+
+def add_sglang_options(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("sglang engine (--engine sglang; also --model-dir, --device)")
+    g.add_argument(
+        "--sglang-python",
+        default=None,
+        metavar="PATH",
+        help="the interpreter of SGLang's venv (default: $FLUIDPD_SGLANG_PYTHON, else "
+        "~/.cache/fluidpd/sglang-venv/bin/python as scripts/sglang/mkvenv.sh makes it)",
+    )
+    g.add_argument(
+        "--mem-fraction",
+        type=_mem_fraction,
+        default=None,
+        help="SGLang's --mem-fraction-static (share of the GPU for weights and KV)",
+    )
+    g.add_argument(
+        "--sglang-max-total-tokens",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="SGLang's KV pool size in tokens (CPU servers need one)",
+    )
+    g.add_argument(
+        "--sglang-load-format",
+        default=None,
+        metavar="FORMAT",
+        help="SGLang's --load-format (dummy: the model directory's config.json, random weights)",
+    )
+    g.add_argument(
+        "--sglang-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="one more SGLang server flag (repeatable), e.g. --sglang-arg=--disable-cuda-graph",
+    )
+    g.add_argument(
+        "--sglang-start-timeout",
+        type=positive_float,
+        default=900.0,
+        metavar="S",
+        help="give up (and exit non-zero) when SGLang is not healthy after this long",
+    )
+
+
+def sglang_sidecar_args(args: argparse.Namespace) -> list[str]:
+    """The ``add_sglang_options`` flags of a parsed command line, for a sidecar's (``up``)."""
+    out: list[str] = ["--sglang-start-timeout", str(args.sglang_start_timeout)]
+    if args.sglang_python:
+        out += ["--sglang-python", args.sglang_python]
+    if args.mem_fraction is not None:
+        out += ["--mem-fraction", str(args.mem_fraction)]
+    if args.sglang_max_total_tokens is not None:
+        out += ["--sglang-max-total-tokens", str(args.sglang_max_total_tokens)]
+    if args.sglang_load_format:
+        out += ["--sglang-load-format", args.sglang_load_format]
+    return out + [f"--sglang-arg={a}" for a in args.sglang_arg]
 
 
 def run(args: argparse.Namespace) -> int:
@@ -126,6 +194,8 @@ def run(args: argparse.Namespace) -> int:
         bootstrap_timeout_s=args.bootstrap_timeout,
         force_steal=args.force_steal,
     )
+    if args.engine == "sglang":
+        return _run_sglang(args, cfg, text)
     if args.engine == "gpu" and args.kv_transfer == "sim":
         raise UserError("--kv-transfer: the gpu engine hands off real KV; use shm or mooncake")
     if args.engine == "gpu":
@@ -181,4 +251,60 @@ def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_level, args.id)
     service = SidecarService(cfg, engine, transfer, text)
     serve_http(create_app(service), args)
+    return 0
+
+
+def _run_sglang(args: argparse.Namespace, cfg: Any, text: Any) -> int:
+    """The sidecar of an SGLang worker: SGLang's own P/D (KV over its Mooncake backend)."""
+    import os
+    from pathlib import Path
+    from urllib.parse import urlparse
+
+    from fluidpd_sidecar.sglang.app import create_app as create_sglang_app
+    from fluidpd_sidecar.sglang.server import SglangConfig, SglangServer, free_ports
+    from fluidpd_sidecar.sglang.service import SglangService
+
+    if not args.model_dir:
+        raise UserError("--model-dir: the sglang engine serves a model directory; give one")
+    if args.force_steal not in (None, 0.0):
+        raise UserError("--force-steal: the sglang engine does not steal tokens yet (beta = 0)")
+    python = (
+        args.sglang_python
+        or os.environ.get("FLUIDPD_SGLANG_PYTHON")
+        or str(Path.home() / ".cache/fluidpd/sglang-venv/bin/python")
+    )
+    if not os.access(python, os.X_OK):
+        raise UserError(
+            f"--sglang-python: {python} is not an executable; make SGLang's venv with "
+            "sh scripts/sglang/mkvenv.sh"
+        )
+    if args.device != "cpu":
+        check_gpu_devices([args.device])
+    port, hook_port, bootstrap_port = free_ports(3)
+    role = Role(args.role)
+    server = SglangServer(
+        SglangConfig(
+            python=python,
+            model_dir=Path(args.model_dir),
+            port=port,
+            hook_port=hook_port,
+            device=args.device,
+            mem_fraction=args.mem_fraction,
+            mode=role.value,
+            bootstrap_port=bootstrap_port if role is Role.PREFILL else None,
+            transfer_backend="mooncake",
+            load_format=args.sglang_load_format,
+            max_total_tokens=args.sglang_max_total_tokens,
+            extra_args=tuple(args.sglang_arg),
+            # Its bootstrap server and transfers must be reachable from peers' SGLang servers.
+            host=urlparse(cfg.url).hostname or args.host,
+            log_path=Path(os.environ.get("FLUIDPD_LOG_DIR", ".")) / f"sglang-{args.id}.log",
+            start_timeout_s=args.sglang_start_timeout,
+        )
+    )
+    configure_logging(args.log_level, args.id)
+    service = SglangService(cfg, server, text)
+    serve_http(create_sglang_app(service), args)
+    if service.failed:
+        raise UserError(f"sglang: {service.failed}")
     return 0

@@ -50,6 +50,7 @@ from fluidpd.cli.policy_options import (
     fluidtoken_config,
     slo_config,
 )
+from fluidpd.cli.sidecar_cmd import add_sglang_options, sglang_sidecar_args
 from fluidpd.procs import die_with_parent, wait_http
 from fluidpd.profiles import resolve_profile
 from fluidpd.sim.policies import MECHANISMS, parse_pd
@@ -106,12 +107,14 @@ def add_parser(sub: Any) -> None:
         "--engine",
         choices=ENGINES,
         default="sim",
-        help="sim: profile-timed steps; gpu: the torch transformer (--device: one device for "
+        help="sim: profile-timed steps; gpu: the torch transformer; sglang: one SGLang server "
+        "per worker, supervised by its sidecar (needs --model-dir) (--device: one device for "
         "every worker, or a comma-separated list, worker i on entry i mod its length, e.g. "
         "cuda:0,cuda:1,...,cuda:7 for one worker per GPU)",
     )
     add_model_dir_option(p)
     add_gpu_engine_options(p)
+    add_sglang_options(p)
     p.add_argument(
         "--force-steal",
         type=steal_ratio,
@@ -263,6 +266,11 @@ def run(args: argparse.Namespace) -> int:
                 )
                 if args.engine == "gpu"
                 else None,
+                extra=(
+                    ("--device", devices[i % len(devices)], *sglang_sidecar_args(args))
+                    if args.engine == "sglang"
+                    else ()
+                ),
             )
             argv = ["sidecar", *sidecar.argv()]
             stack.start(wid, argv, env)
@@ -275,8 +283,13 @@ def run(args: argparse.Namespace) -> int:
             router += ["--worker", w]
         stack.start("router", router, env)
         endpoint = f"http://{args.host}:{args.port}"
-        deadline = time.time() + args.ready_timeout
-        urls = [f"{w.split('=', 1)[1]}/healthz" for w in workers] + [f"{endpoint}/healthz"]
+        wait_s = args.ready_timeout
+        if args.engine == "sglang":  # SGLang's start (minutes) has its own limit
+            wait_s = max(wait_s, args.sglang_start_timeout)
+        deadline = time.time() + wait_s
+        # An sglang sidecar is healthy at once and ready when its SGLang server is.
+        probe = "/readyz" if args.engine == "sglang" else "/healthz"
+        urls = [f"{w.split('=', 1)[1]}{probe}" for w in workers] + [f"{endpoint}/healthz"]
         ready = all(wait_http(url, max(0.0, deadline - time.time())) for url in urls)
         if not ready or stack.dead():
             raise UserError(f"the stack did not come up; see the logs in {run_dir}")

@@ -45,8 +45,9 @@ class PodsAndScale(DeploymentState):
         await self.converge_pods()
 
     async def backend_runs(self) -> bool:
-        """The CRD admits the planned ``sglang`` backend, which this release's sidecar does not
-        run: its workers would only crash-loop on the flag, so none are made and Degraded says why.
+        """A backend the CRD admits but this release's sidecar does not run (none since the
+        sidecar runs ``sglang``, issue #13): its workers would only crash-loop on the flag, so
+        none are made and Degraded says why.
         """
         backend = self.spec.engine.backend
         if backend in SIDECAR_ENGINES:

@@ -1,0 +1,246 @@
+"""Supervision of one SGLang server process (started through ``launch`` with our hook).
+
+The sidecar owns the process: it builds the command line (model directory, device, memory
+fraction, disaggregation role), starts it in its own process group, waits until SGLang answers
+``/health`` (or fails fast with the tail of its log when the process exits first or the start
+takes too long), notices a crash, restarts it a bounded number of times, and stops the whole
+group with the sidecar. What SGLang writes goes to a log file the errors quote.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+log = logging.getLogger("fluidpd.sidecar.sglang")
+
+#: The directory that holds ``fluidpd_sidecar`` (put on SGLang's ``PYTHONPATH``).
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+CPU_STUBS = Path(__file__).resolve().parent / "cpu_stubs"
+#: SGLang's P/D roles; FluidPD's prefill/decode map onto them, "null" is a unified server.
+MODES = ("null", "prefill", "decode")
+
+
+class SglangError(RuntimeError):
+    """The SGLang server could not be started or died (one line, with its log's tail)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SglangConfig:
+    python: str
+    model_dir: Path
+    port: int
+    hook_port: int
+    #: "cpu", "cuda" or "cuda:N" (N goes to CUDA_VISIBLE_DEVICES, SGLang then sees GPU 0).
+    device: str = "cuda"
+    mem_fraction: float | None = None
+    mode: str = "null"
+    bootstrap_port: int | None = None
+    #: "mooncake" for real P/D transfers; None leaves SGLang's default.
+    transfer_backend: str | None = None
+    load_format: str | None = None
+    context_length: int | None = None
+    max_total_tokens: int | None = None
+    extra_args: tuple[str, ...] = ()
+    host: str = "127.0.0.1"
+    log_path: Path = Path("sglang.log")
+    start_timeout_s: float = 900.0
+    #: Crashes after a successful start that are restarted before the sidecar gives up.
+    max_restarts: int = 2
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def cpu(self) -> bool:
+        return self.device == "cpu"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+def server_command(cfg: SglangConfig) -> list[str]:
+    """SGLang's own server flags, run through our launcher."""
+    argv = [cfg.python, "-m", "fluidpd_sidecar.sglang.launch"]
+    argv += ["--model-path", str(cfg.model_dir), "--host", cfg.host, "--port", str(cfg.port)]
+    # Token ids in, token ids out: the sidecar detokenizes (the model directory's tokenizer),
+    # as with every other engine.
+    argv += ["--skip-tokenizer-init", "--sampling-backend", "pytorch", "--grammar-backend", "none"]
+    argv += ["--enable-metrics"]
+    if cfg.cpu:
+        # The CPU recipe (shared/notes/sglang-on-h200.md): no kernel package, eager torch.
+        argv += ["--device", "cpu", "--attention-backend", "torch_native", "--disable-cuda-graph"]
+        # Overlap scheduling records CUDA events (SGLang 0.5.17's early send of a cached
+        # prefix on a prefill server crashes on CPU with it); there is nothing to overlap.
+        argv += ["--skip-server-warmup", "--disable-overlap-schedule"]
+    else:
+        # FA3's kernels are trimmed from the carried sglang-kernel wheel (scripts/gpu).
+        argv += ["--attention-backend", "triton"]
+    if cfg.mem_fraction is not None:
+        argv += ["--mem-fraction-static", f"{cfg.mem_fraction:g}"]
+    if cfg.max_total_tokens is not None:
+        argv += ["--max-total-tokens", str(cfg.max_total_tokens)]
+    if cfg.context_length is not None:
+        argv += ["--context-length", str(cfg.context_length)]
+    if cfg.load_format is not None:
+        argv += ["--load-format", cfg.load_format]
+    if cfg.mode != "null":
+        argv += ["--disaggregation-mode", cfg.mode]
+        if cfg.transfer_backend:
+            argv += ["--disaggregation-transfer-backend", cfg.transfer_backend]
+        if cfg.bootstrap_port is not None:
+            argv += ["--disaggregation-bootstrap-port", str(cfg.bootstrap_port)]
+    argv += list(cfg.extra_args)
+    return argv
+
+
+def server_env(cfg: SglangConfig, base: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    paths = [str(PACKAGE_ROOT)]
+    if cfg.cpu:
+        paths.append(str(CPU_STUBS))
+    if env.get("PYTHONPATH"):
+        paths.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env["FLUIDPD_SGLANG_HOOK_PORT"] = str(cfg.hook_port)
+    env["PYTHONUNBUFFERED"] = "1"
+    if cfg.device.startswith("cuda:"):
+        env["CUDA_VISIBLE_DEVICES"] = cfg.device.split(":", 1)[1]
+    if cfg.transfer_backend == "mooncake":
+        # One host, no RDMA NIC needed: Mooncake's TCP transport.
+        env.setdefault("MC_FORCE_TCP", "1")
+    env.update(cfg.env)
+    return env
+
+
+def log_tail(path: Path, lines: int = 8) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    return " | ".join(line.strip() for line in text[-lines:] if line.strip())
+
+
+class SglangServer:
+    """One SGLang server process: ``start`` (waits for health), ``watch``, ``stop``."""
+
+    def __init__(self, cfg: SglangConfig) -> None:
+        self.cfg = cfg
+        self.proc: asyncio.subprocess.Process | None = None
+        self.starts = 0
+        self.restarts = 0
+        #: Seconds the last start took until SGLang answered /health.
+        self.start_s = 0.0
+        #: Set when the server is gone for good (the sidecar reports NotReady with it).
+        self.failed: str | None = None
+        self.healthy = False
+        self._stopping = False
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    async def start(self) -> None:
+        cfg = self.cfg
+        cfg.log_path.parent.mkdir(parents=True, exist_ok=True)
+        logf = cfg.log_path.open("ab")
+        t0 = time.monotonic()
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                *server_command(cfg),
+                env=server_env(cfg),
+                stdout=logf,
+                stderr=asyncio.subprocess.STDOUT,
+                stdin=asyncio.subprocess.DEVNULL,
+                start_new_session=True,  # its scheduler/detokenizer children go with it
+            )
+        except OSError as exc:
+            raise SglangError(f"cannot run SGLang's python {cfg.python}: {exc}") from None
+        finally:
+            logf.close()
+        self.starts += 1
+        self.healthy = False
+        async with httpx.AsyncClient(timeout=5.0) as client:
+            while True:
+                if self.proc.returncode is not None:
+                    raise SglangError(
+                        f"SGLang exited with status {self.proc.returncode} while starting: "
+                        f"{log_tail(cfg.log_path)}"
+                    )
+                if time.monotonic() - t0 > cfg.start_timeout_s:
+                    await self._kill()
+                    raise SglangError(
+                        f"SGLang did not become healthy within {cfg.start_timeout_s:.0f} s: "
+                        f"{log_tail(cfg.log_path)}"
+                    )
+                with contextlib.suppress(httpx.HTTPError):
+                    r = await client.get(f"{cfg.url}/health")
+                    if r.status_code == 200:
+                        break
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self.proc.wait(), 1.0)
+        self.start_s = time.monotonic() - t0
+        self.healthy = True
+        log.info("SGLang (pid %d) healthy after %.1f s", self.proc.pid, self.start_s)
+
+    async def watch(self) -> None:
+        """Restart a crashed server (up to ``max_restarts``), then report it failed."""
+        while not self._stopping:
+            assert self.proc is not None
+            code = await self.proc.wait()
+            self.healthy = False
+            if self._stopping:
+                return
+            reason = f"SGLang (pid {self.proc.pid}) exited with status {code}: "
+            reason += log_tail(self.cfg.log_path)
+            if self.restarts >= self.cfg.max_restarts:
+                self.failed = reason
+                log.error("%s; giving up after %d restarts", reason, self.restarts)
+                return
+            self.restarts += 1
+            log.warning("%s; restart %d", reason, self.restarts)
+            try:
+                await self.start()
+            except SglangError as exc:
+                self.failed = str(exc)
+                log.error("restart failed: %s", exc)
+                return
+
+    async def _kill(self, grace_s: float = 10.0) -> None:
+        proc = self.proc
+        if proc is None or proc.returncode is not None:
+            return
+        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, sig)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(proc.wait(), wait)
+                return
+
+    async def stop(self) -> None:
+        self._stopping = True
+        self.healthy = False
+        await self._kill()
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> Sequence[int]:
+    """``n`` distinct ports free right now (SGLang and its hook listen on them)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind((host, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()

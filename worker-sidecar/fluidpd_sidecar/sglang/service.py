@@ -1,0 +1,390 @@
+"""The sidecar of an ``sglang`` worker: SGLang schedules and computes, the sidecar supervises
+it, speaks FluidPD's P/D protocol to the router and serves FluidPD's signals.
+
+Request path (SGLang's own P/D disaggregation, KV over its Mooncake transfer backend): the
+prefill sidecar sends its half to its SGLang server (``disaggregation-mode prefill``) with the
+bootstrap triple and answers the router when SGLang has computed and shipped the prompt's KV;
+the decode sidecar looks up the prefill server's bootstrap address from the prefill sidecar
+(``GET /v1/internal/sglang``), streams its SGLang server's tokens (``disaggregation-mode
+decode``), detokenizes and stops them (``fluidpd_sidecar.stopping``), and streams
+``DecodeEvent`` lines to the router, exactly as the other engines' sidecars do.
+
+Not on SGLang yet: FluidToken (every prompt is prefilled whole, beta = 0), in-place role
+switches (``POST /role`` is refused with 409) and drain ``migrate``. ``/pressure`` and
+``/metrics`` come from the scheduler hook (``observe``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlparse
+
+import httpx
+import orjson
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from fluidpd.api.internal import (
+    Abort,
+    DecodeEvent,
+    DecodeHalf,
+    PrefillHalf,
+    PrefillOutcome,
+    PressureReport,
+    RequestHalf,
+    RoleStatus,
+)
+from fluidpd.core.types import Request, Role, RoleState
+from fluidpd.modeldir.text import TokenText
+from fluidpd_sidecar.metrics import SidecarMetrics
+from fluidpd_sidecar.service import BadRequest, Conflict, SidecarConfig
+from fluidpd_sidecar.sglang.observe import pressure_report, step_gauges
+from fluidpd_sidecar.sglang.server import SglangError, SglangServer
+from fluidpd_sidecar.sglang.wire import generate_body, new_tokens
+from fluidpd_sidecar.stopping import OutputStream
+
+log = logging.getLogger("fluidpd.sidecar.sglang")
+# The hook is polled 20 times a second; httpx logs every request at INFO.
+logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+class _StepGauges(Collector):
+    """Step times from the hook (``/metrics``), read at scrape time."""
+
+    def __init__(self, service: SglangService) -> None:
+        self.service = service
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        worker = self.service.cfg.worker_id
+        med = GaugeMetricFamily(
+            "fluidpd_sglang_step_seconds",
+            "Median wall time of SGLang's recent scheduler steps (run_batch), by kind",
+            labels=["worker", "kind"],
+        )
+        n = GaugeMetricFamily(
+            "fluidpd_sglang_recent_steps", "Steps in that window", labels=["worker", "kind"]
+        )
+        for kind, (seconds, count) in step_gauges(self.service.snapshot).items():
+            med.add_metric([worker, kind], seconds)
+            n.add_metric([worker, kind], float(count))
+        yield med
+        yield n
+
+
+@dataclass(slots=True)
+class _Half:
+    req: Request
+    events: asyncio.Queue[DecodeEvent | None] = field(default_factory=asyncio.Queue)
+    task: asyncio.Task[None] | None = None
+
+
+class SglangService:
+    def __init__(
+        self,
+        cfg: SidecarConfig,
+        server: SglangServer,
+        text: TokenText,
+        *,
+        exit_on_failure: bool = True,
+    ) -> None:
+        self.cfg = cfg
+        self.server = server
+        self.text = text
+        self.role = cfg.role
+        self.exit_on_failure = exit_on_failure
+        #: Set when SGLang could not be started or died for good (NotReady with this reason).
+        self.failed: str | None = None
+        self.retiring = False
+        self.halves: dict[int, _Half] = {}
+        self._bootstraps: dict[str, tuple[str, int]] = {}
+        #: The hook's last snapshot of SGLang's scheduler (``fluidpd_sidecar.sglang.hook``).
+        self.snapshot: dict[str, Any] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._client: httpx.AsyncClient | None = None
+        self.metrics = SidecarMetrics(self)  # type: ignore[arg-type]  # same surface it reads
+        self.metrics.registry.register(_StepGauges(self))
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    async def start(self) -> None:
+        self._client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0))
+        self._tasks = [
+            asyncio.create_task(self._supervise(), name="sglang-supervisor"),
+            asyncio.create_task(self._poll_hook(), name="sglang-hook-poller"),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await self.server.stop()
+        if self._client is not None:
+            await self._client.aclose()
+
+    def _fail(self, reason: str) -> None:
+        self.failed = reason
+        log.error("sglang: %s", reason)
+        if self.exit_on_failure:
+            # The CLI turns this into one line and a non-zero exit (``fluidpd sidecar``).
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    async def _supervise(self) -> None:
+        try:
+            await self.server.start()
+        except SglangError as exc:
+            self._fail(str(exc))
+            return
+        await self.server.watch()
+        if self.server.failed:
+            self._fail(self.server.failed)
+
+    async def _poll_hook(self) -> None:
+        """The hook's snapshot, refreshed every 50 ms (the router polls /pressure at 2 Hz and
+        the controller reads it; scraping must not wait on SGLang)."""
+        url = f"http://127.0.0.1:{self.server.cfg.hook_port}/"
+        assert self._client is not None
+        while True:
+            if self.server.healthy:
+                with contextlib.suppress(httpx.HTTPError, ValueError):
+                    r = await self._client.get(url, timeout=2.0)
+                    if r.status_code == 200:
+                        self.snapshot = r.json()
+            await asyncio.sleep(0.05)
+
+    def ready(self) -> tuple[bool, str]:
+        if self.failed:
+            return False, f"SGLang failed: {self.failed}"
+        if not self.server.healthy:
+            return False, "SGLang starting" if self.server.starts <= 1 else "SGLang restarting"
+        if self.retiring:
+            return False, "retiring"
+        return True, "ready"
+
+    # -- signals ------------------------------------------------------------------------------
+    def pressure(self, n_prefill: int | None = None) -> PressureReport:
+        arrivals = {str(rid): h.req.arrival for rid, h in self.halves.items()}
+        return pressure_report(
+            self.snapshot,
+            worker=self.cfg.worker_id,
+            role=self.role,
+            profile=self.cfg.profile,
+            slo=self.cfg.slo,
+            arrivals=arrivals,
+            now=time.time(),
+            retiring=self.retiring,
+            in_flight=len(self.halves),
+        )
+
+    def role_status(self) -> RoleStatus:
+        return RoleStatus(
+            worker=self.cfg.worker_id,
+            role=self.role,
+            state=RoleState.ACTIVE,
+            target=None,
+            since=0.0,
+            switches=0,
+            retiring=self.retiring,
+        )
+
+    def request_role(self, role: Role) -> RoleStatus:
+        if role is self.role:
+            return self.role_status()
+        raise Conflict(
+            "in-place role switching is not implemented for the sglang engine yet "
+            "(SGLang 0.5.17 has none)"
+        )
+
+    def retire(self) -> RoleStatus:
+        """Scale-in: take no more halves; /pressure says ``drained`` once none is in flight."""
+        self.retiring = True
+        return self.role_status()
+
+    def bootstrap_info(self) -> dict[str, Any]:
+        cfg = self.server.cfg
+        return {
+            "mode": cfg.mode,
+            "bootstrap_host": urlparse(self.cfg.url).hostname or cfg.host,
+            "bootstrap_port": cfg.bootstrap_port,
+            "pid": self.server.pid,
+            "url": cfg.url,
+            "start_s": self.server.start_s,
+            "restarts": self.server.restarts,
+        }
+
+    # -- request halves -----------------------------------------------------------------------
+    def _check(self, half: RequestHalf, role: Role) -> None:
+        if self.role is not role:
+            raise Conflict(f"worker {self.cfg.worker_id} is {self.role.value}, not {role.value}")
+        ok, why = self.ready()
+        if not ok:
+            raise Conflict(f"worker {self.cfg.worker_id} not taking work: {why}")
+        if half.rid in self.halves:
+            raise Conflict(f"request {half.rid} is already here")
+        limit = self.cfg.context_limit
+        if half.prompt_len + half.max_new_tokens > limit:
+            raise BadRequest(
+                f"prompt_ids: {half.prompt_len} tokens + max_new_tokens "
+                f"({half.max_new_tokens}) exceed the context limit {limit}"
+            )
+        vocab = self.cfg.model.vocab_size
+        if min(half.prompt_ids) < 0 or max(half.prompt_ids) >= vocab:
+            raise BadRequest(f"prompt_ids: token ids must be in [0, {vocab})")
+
+    def _own_bootstrap(self) -> tuple[str, int] | None:
+        info = self.bootstrap_info()
+        if info["bootstrap_port"] is None:
+            return None
+        return str(info["bootstrap_host"]), int(info["bootstrap_port"])
+
+    async def accept_prefill(self, half: PrefillHalf) -> PrefillOutcome:
+        self._check(half, Role.PREFILL)
+        state = _Half(Request(half.rid, half.arrival, half.prompt_len, half.max_new_tokens))
+        self.halves[half.rid] = state
+        body = generate_body(
+            half.rid, half.prompt_ids, half.sampling, self._own_bootstrap(), stream=False
+        )
+        try:
+            assert self._client is not None
+            r = await self._client.post(f"{self.server.cfg.url}/generate", json=body)
+            if r.status_code != 200:
+                return PrefillOutcome(status="cancelled", detail=f"SGLang: {r.text[:200]}")
+            meta = r.json().get("meta_info") or {}
+            if (meta.get("finish_reason") or {}).get("type") == "abort":
+                return PrefillOutcome(status="cancelled", detail="aborted")
+            return PrefillOutcome(status="done", stolen=0)
+        except httpx.HTTPError as exc:
+            return PrefillOutcome(status="cancelled", detail=f"SGLang unreachable: {exc}")
+        except asyncio.CancelledError:
+            await self._abort_sglang(half.rid)
+            raise
+        finally:
+            self.halves.pop(half.rid, None)
+
+    async def _peer_bootstrap(self, prefill_url: str) -> tuple[str, int]:
+        hit = self._bootstraps.get(prefill_url)
+        if hit is not None:
+            return hit
+        assert self._client is not None
+        headers = {}
+        if self.cfg.admin_token:
+            headers["Authorization"] = f"Bearer {self.cfg.admin_token}"
+        r = await self._client.get(
+            f"{prefill_url.rstrip('/')}/v1/internal/sglang", headers=headers, timeout=5.0
+        )
+        r.raise_for_status()
+        info = r.json()
+        if info.get("bootstrap_port") is None:
+            raise RuntimeError(f"{prefill_url} is not an SGLang prefill worker")
+        hit = (str(info["bootstrap_host"]), int(info["bootstrap_port"]))
+        self._bootstraps[prefill_url] = hit
+        return hit
+
+    def accept_decode(self, half: DecodeHalf) -> AsyncIterator[bytes]:
+        self._check(half, Role.DECODE)
+        state = _Half(Request(half.rid, half.arrival, half.prompt_len, half.max_new_tokens))
+        self.halves[half.rid] = state
+        state.task = asyncio.create_task(self._decode(half, state), name=f"decode-{half.rid}")
+        return self._events(half.rid, state)
+
+    async def _decode(self, half: DecodeHalf, state: _Half) -> None:
+        stream = OutputStream(self.text, half.sampling, self.cfg.model.eos_token_ids)
+        req = state.req
+        seen = 0
+        try:
+            bootstrap = await self._peer_bootstrap(half.prefill_url)
+            body = generate_body(half.rid, half.prompt_ids, half.sampling, bootstrap, stream=True)
+            assert self._client is not None
+            async with self._client.stream(
+                "POST", f"{self.server.cfg.url}/generate", json=body
+            ) as r:
+                if r.status_code != 200:
+                    detail = (await r.aread()).decode(errors="replace")[:200]
+                    state.events.put_nowait(DecodeEvent(event="error", detail=f"SGLang: {detail}"))
+                    return
+                async for line in r.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        break
+                    tokens = new_tokens(orjson.loads(data), seen)
+                    if not tokens:
+                        continue
+                    seen += len(tokens)
+                    now = time.time()
+                    if req.first_token_t != req.first_token_t:  # NaN: this is token 0
+                        req.first_token_t = now
+                        self.metrics.first_token(now - req.arrival)
+                    stopped = stream.feed(tokens)
+                    self._emit(state, stream, now)
+                    if stopped:
+                        break
+            if stream.finish is None:
+                stream.end()
+            now = time.time()
+            self._emit(state, stream, now, final=True)
+            self.metrics.finished(req, now, stream.count)
+            state.events.put_nowait(
+                DecodeEvent(
+                    event="done", n=stream.count, finish_reason=stream.finish or "length", t=now
+                )
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("decode half %d failed: %s", half.rid, exc)
+            state.events.put_nowait(DecodeEvent(event="error", detail=str(exc)[:300]))
+        finally:
+            if seen < half.max_new_tokens and stream.finish is not None:
+                # Stopped by FluidPD (a stop string) before SGLang would have: free it there.
+                await self._abort_sglang(half.rid)
+            state.events.put_nowait(None)
+
+    def _emit(self, state: _Half, stream: OutputStream, t: float, final: bool = False) -> None:
+        ids, text, logprobs = stream.take(final)
+        if ids or text:
+            state.events.put_nowait(
+                DecodeEvent(
+                    event="token", n=stream.count, ids=ids, text=text, logprobs=logprobs, t=t
+                )
+            )
+
+    async def _events(self, rid: int, state: _Half) -> AsyncIterator[bytes]:
+        try:
+            while True:
+                event = await state.events.get()
+                if event is None:
+                    return
+                yield event.model_dump_json().encode() + b"\n"
+        finally:
+            self.halves.pop(rid, None)
+            if state.task is not None and not state.task.done():
+                state.task.cancel()  # the router went away: closing SGLang's stream aborts it
+
+    async def _abort_sglang(self, rid: int) -> None:
+        if self._client is None:
+            return
+        with contextlib.suppress(httpx.HTTPError):
+            await self._client.post(
+                f"{self.server.cfg.url}/abort_request", json={"rid": str(rid)}, timeout=5.0
+            )
+
+    async def abort(self, body: Abort) -> bool:
+        state = self.halves.get(body.rid)
+        await self._abort_sglang(body.rid)
+        if state is None:
+            return False
+        if state.task is not None and not state.task.done():
+            state.task.cancel()
+            state.events.put_nowait(DecodeEvent(event="cancelled", detail=body.reason))
+            state.events.put_nowait(None)
+        return True
