@@ -30,6 +30,7 @@ from fluidpd.api.commands import (
 from fluidpd.cli.errors import UserError
 from fluidpd.cli.options import (
     GPU_HELP,
+    LOG_LEVELS,
     MODEL_HELP,
     PROFILE_HELP,
     SEED_HELP,
@@ -62,7 +63,7 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "up",
         help="start a local FluidPD deployment (router + sidecars + controller)",
-        description="Starts N worker sidecars (sim or gpu engine), the router and, for policies "
+        description="Starts N worker sidecars (sim, gpu or sglang engine), the router and, for policies "
         "with FluidRole, the controller, as local processes on loopback. Prints the endpoint and "
         "runs until Ctrl-C or SIGTERM, then stops everything.",
     )
@@ -155,6 +156,14 @@ def add_parser(sub: Any) -> None:
         type=positive_int,
         default=60,
         help="give up if a component does not answer its health check within this, s",
+    )
+    p.add_argument(
+        "--log-level",
+        type=str.lower,
+        choices=LOG_LEVELS,
+        default="info",
+        help="log level of every process it starts; at info each logs its requests' life cycle "
+        "(admitted, prefill done, stolen, migrated, finished, failed) into <run-dir>/*.log",
     )
     p.set_defaults(func=run)
 
@@ -260,6 +269,7 @@ def run(args: argparse.Namespace) -> int:
                 fluidtoken=mech.fluidtoken,
                 adaptive=args.adaptive,
                 force_steal=args.force_steal,
+                log_level=args.log_level,
                 sim=SimEngineArgs(args.noise, args.drift, args.seed + i),
                 gpu=GpuEngineArgs(
                     args.gpu_model, devices[i % len(devices)], args.dtype, args.weight_seed
@@ -278,6 +288,7 @@ def run(args: argparse.Namespace) -> int:
         router = [
             "router", "--host", args.host, "--port", str(args.port), *model.argv(),
             "--pairing", args.pairing, "--first-token-timeout", str(args.first_token_timeout),
+            "--log-level", args.log_level,
         ]  # fmt: skip
         for w in workers:
             router += ["--worker", w]
@@ -295,6 +306,7 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"the stack did not come up; see the logs in {run_dir}")
         if mech.fluidrole:
             ctl = ["controller", "--router", endpoint, *fluidrole_argv(args)]
+            ctl += ["--log-level", args.log_level]
             if args.controller_metrics_port:
                 metrics_port = str(args.controller_metrics_port)
                 ctl += ["--metrics-host", args.host, "--metrics-port", metrics_port]
