@@ -63,9 +63,9 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "up",
         help="start a local FluidPD deployment (router + sidecars + controller)",
-        description="Starts N worker sidecars (sim, gpu or sglang engine), the router and, for policies "
-        "with FluidRole, the controller, as local processes on loopback. Prints the endpoint and "
-        "runs until Ctrl-C or SIGTERM, then stops everything.",
+        description="Starts N worker sidecars (sim, gpu or sglang engine), the router and, for "
+        "policies with FluidRole, the controller, as local processes on loopback. Prints the "
+        "endpoint and runs until Ctrl-C or SIGTERM, then stops everything.",
     )
     p.add_argument(
         "--pd", default="4P4D", help="initial split: NP MD, e.g. 4P4D (4 prefill, 4 decode)"
