@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import hmac
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from fastapi import FastAPI
+from fastapi.responses import StreamingResponse
 
-from fluidpd import __version__
 from fluidpd.api.internal import (
     Abort,
     Adopt,
@@ -20,7 +15,6 @@ from fluidpd.api.internal import (
     Handoff,
     PrefillHalf,
     PrefillOutcome,
-    PressureReport,
     Released,
     Reserved,
     RetireRequest,
@@ -29,75 +23,20 @@ from fluidpd.api.internal import (
     SuffixCommit,
 )
 from fluidpd.core.types import RoleState
-from fluidpd_sidecar.service import BadRequest, Conflict, NotFound, SidecarService
+from fluidpd_sidecar.http_base import worker_app
+from fluidpd_sidecar.service import SidecarService
 
 NDJSON = "application/x-ndjson"
 
 
 def create_app(service: SidecarService) -> FastAPI:
-    @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        await service.start()
-        yield
-        await service.stop()
-
-    app = FastAPI(
-        title=f"FluidPD worker sidecar {service.cfg.worker_id}",
-        version=__version__,
-        lifespan=lifespan,
-    )
-
-    def admin(authorization: Annotated[str | None, Header()] = None) -> None:
-        token = service.cfg.admin_token
-        if not token:
-            return
-        expected = f"Bearer {token}"
-        if authorization is None or not hmac.compare_digest(authorization, expected):
-            raise HTTPException(401, "missing or wrong bearer token")
-
-    Admin = Depends(admin)
-
-    @app.exception_handler(Conflict)
-    async def _conflict(_: Request, exc: Conflict) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=409)
-
-    @app.exception_handler(NotFound)
-    async def _not_found(_: Request, exc: NotFound) -> JSONResponse:
-        return JSONResponse({"detail": exc.args[0] if exc.args else "not found"}, status_code=404)
-
-    @app.exception_handler(BadRequest)
-    async def _bad_request(_: Request, exc: BadRequest) -> JSONResponse:
-        return JSONResponse({"detail": str(exc)}, status_code=400)
-
-    # -- health and signals ---------------------------------------------------------------------
-    @app.get("/healthz", response_class=PlainTextResponse)
-    async def healthz() -> str:
-        return "ok"
-
-    @app.get(
-        "/readyz", response_class=PlainTextResponse, responses={503: {"description": "not Active"}}
-    )
-    async def readyz() -> Response:
+    def ready() -> tuple[bool, str]:
         state = service.worker.state
-        if state is RoleState.ACTIVE:
-            return PlainTextResponse("ready")
-        return PlainTextResponse(f"not ready: {state.value}", status_code=503)
+        return (True, "ready") if state is RoleState.ACTIVE else (False, state.value)
 
-    @app.get("/pressure")
-    async def pressure(
-        n_prefill: Annotated[int | None, Query(ge=1, le=100_000)] = None,
-    ) -> PressureReport:
-        return service.pressure(n_prefill)
-
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    app, Admin = worker_app(service, f"FluidPD worker sidecar {service.cfg.worker_id}", ready)
 
     # -- roles ----------------------------------------------------------------------------------
-    @app.get("/role")
-    async def get_role() -> RoleStatus:
-        return service.role_status()
-
     @app.post("/role", dependencies=[Admin], responses={409: {"description": "switch under way"}})
     async def post_role(body: RoleRequest) -> RoleStatus:
         return service.request_role(body)
