@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 import yaml
 
+from fluidpd.drills.admin import admin_session
 from fluidpd.drills.load import OpenLoopLoad
 from fluidpd.drills.stack import LocalStack, free_port_block, wait_http
 from fluidpd.drills.switches import switch_once
@@ -129,7 +129,7 @@ async def _drive(stack: LocalStack) -> tuple[int, list[dict[str, Any]]]:
     load = OpenLoopLoad(stack.endpoint, MODEL, rps=4.0, max_tokens=(10, 60), seed=1)
     task = asyncio.create_task(load.run(LOAD_S))
     switches = []
-    async with aiohttp.ClientSession() as session:
+    async with admin_session(TOKEN) as session:
         await asyncio.sleep(4.0)
         for source in ("prefill", "decode"):
             done = await switch_once(session, stack.endpoint, TOKEN, source, "wait", 30.0)

@@ -152,7 +152,7 @@ def test_sidecar_command_leaves_unset_options_to_the_sidecar() -> None:
 @pytest.mark.parametrize(
     ("change", "field"),
     [
-        ({"engine": "sglang"}, "engine"),
+        ({"engine": "vllm"}, "engine"),
         ({"kv_transfer": "rdma"}, "kv_transfer"),
         ({"gpu": GpuEngineArgs("llama-3.2-1b", "cuda:0", "bfloat16", 0)}, "gpu engine"),
     ],

@@ -123,6 +123,10 @@ def stack(
             f"d0=http://127.0.0.1:{dp}",
             "--model-dir",
             str(tiny_llama_dir),
+            # SGLang on 2 shared CPU cores takes tens of seconds for a burst's first tokens
+            # (the CI run next to other tests hit the 60 s default once).
+            "--first-token-timeout",
+            "300",
         ],
         stdout=(logs / "router.out").open("wb"),
         stderr=subprocess.STDOUT,
