@@ -25,6 +25,7 @@ from fluidpd.core.fluidrole import (
     FluidRolePolicy,
     Recommendation,
     SwitchDecision,
+    SwitchRule,
     WorkerSignals,
 )
 from fluidpd.core.types import DrainMode, Role, RoleState
@@ -87,6 +88,13 @@ class FluidRoleController:
         self.source = source
         self.cfg = cfg
         self.policy = FluidRolePolicy(cfg)
+        if cfg.enabled and cfg.switch_rule is SwitchRule.PREDICTIVE:
+            # Said once, so that nobody takes the live rule for the simulator's (issue #14).
+            log.warning(
+                "switch rule 'predictive' needs a demand forecast, which the live router does "
+                "not export yet: this controller decides with eqs. (22)-(23), persistence, "
+                "cooldowns and the switch budget (as --switch-rule paper)"
+            )
         self.session = session
         self.headers = {"content-type": "application/json"}
         if token:
