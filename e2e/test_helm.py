@@ -88,7 +88,7 @@ def test_install_creates_crd_rbac_and_operator(
         k == "ServiceAccount" for k, _ in kinds
     )
     assert any(k == "ConfigMap" for k, _ in kinds), "dashboard ConfigMaps"
-    cp.kubectl("wait", "--for=condition=Established", f"crd/{CRD}", "--timeout=60s")
+    cp.wait_established(CRD)
     # kopf's peering CRDs come from the chart's crds/ (installed first, never templated).
     for name in ("clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"):
         assert _exists(cp, "crd", name, None), name

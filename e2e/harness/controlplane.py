@@ -40,6 +40,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from fluidpd.procs import http_ok
 from harness import procs
 from harness.binaries import ensure_binaries
+from harness.wait import wait_for
 
 log = logging.getLogger("fluidpd.e2e.controlplane")
 
@@ -291,6 +292,18 @@ class ControlPlane:
             self._tmp = None
 
     # -- clients -----------------------------------------------------------------------------
+
+    def wait_established(self, crd: str, timeout: float = 60.0) -> None:
+        """Until the CRD serves. Polled rather than ``kubectl wait --for=condition=Established``:
+        that exits at once with an accessor error while the CRD has no status yet (right after
+        its apply, which a loaded machine makes long enough to hit)."""
+        path = '{.status.conditions[?(@.type=="Established")].status}'
+
+        def established() -> bool:
+            out = self.kubectl("get", f"crd/{crd}", "-o", f"jsonpath={path}", check=False)
+            return out.returncode == 0 and out.stdout.strip() == "True"
+
+        wait_for(established, timeout=timeout, what=f"CRD {crd} Established")
 
     def kubectl(
         self,

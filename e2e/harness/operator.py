@@ -24,9 +24,7 @@ CRD = ROOT / "crds" / "fluidpd.io_fluidpddeployments.yaml"
 
 def install_crd(cp: ControlPlane) -> None:
     cp.kubectl("apply", "--server-side", "-f", str(CRD))
-    cp.kubectl(
-        "wait", "--for=condition=Established", "crd/fluidpddeployments.fluidpd.io", "--timeout=60s"
-    )
+    cp.wait_established("fluidpddeployments.fluidpd.io")
 
 
 class Operator:
