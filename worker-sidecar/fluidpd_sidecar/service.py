@@ -131,6 +131,20 @@ class _DecodeHalf:
     subscribed: bool = False
 
 
+def check_half(half: RequestHalf, context_limit: int, vocab: int) -> None:
+    """What the router checked already, checked again on every engine's sidecar: a peer must
+    not crash an engine (over-long requests, token ids outside the vocabulary)."""
+    if half.prompt_len + half.max_new_tokens > context_limit:
+        raise BadRequest(
+            f"prompt_ids: {half.prompt_len} tokens + max_new_tokens "
+            f"({half.max_new_tokens}) exceed the context limit {context_limit}"
+        )
+    for name, ids in (("prompt_ids", half.prompt_ids),
+                      ("sampling.stop_token_ids", half.sampling.stop_token_ids)):  # fmt: skip
+        if ids and (min(ids) < 0 or max(ids) >= vocab):
+            raise BadRequest(f"{name}: token ids must be in [0, {vocab})")
+
+
 class SidecarService:
     def __init__(
         self, cfg: SidecarConfig, engine: Engine, transfer: KVTransfer, text: TokenText
@@ -538,23 +552,9 @@ class SidecarService:
         if not w.accepting:
             raise Conflict(f"worker {self.cfg.worker_id} is {w.state.value}; not taking work")
 
-    def _check_half(self, half: RequestHalf) -> None:
-        """What the router checked already, checked again: a peer must not crash an engine."""
-        limit = self.cfg.context_limit
-        if half.prompt_len + half.max_new_tokens > limit:
-            raise BadRequest(
-                f"prompt_ids: {half.prompt_len} tokens + max_new_tokens "
-                f"({half.max_new_tokens}) exceed the context limit {limit}"
-            )
-        vocab = self.cfg.model.vocab_size
-        for name, ids in (("prompt_ids", half.prompt_ids),
-                          ("sampling.stop_token_ids", half.sampling.stop_token_ids)):  # fmt: skip
-            if ids and (min(ids) < 0 or max(ids) >= vocab):
-                raise BadRequest(f"{name}: token ids must be in [0, {vocab})")
-
     def accept_prefill(self, half: PrefillHalf) -> asyncio.Future[PrefillOutcome]:
         self._check_accepting(Role.PREFILL)
-        self._check_half(half)
+        check_half(half, self.cfg.context_limit, self.cfg.model.vocab_size)
         if half.rid in self.prefill_halves:
             raise Conflict(f"request {half.rid} is already queued here")
         req = Request(half.rid, half.arrival, half.prompt_len, half.max_new_tokens)
@@ -607,7 +607,7 @@ class SidecarService:
 
     def accept_decode(self, half: DecodeHalf) -> _DecodeHalf:
         self._check_accepting(Role.DECODE)
-        self._check_half(half)
+        check_half(half, self.cfg.context_limit, self.cfg.model.vocab_size)
         if half.rid in self.decode_halves:
             raise Conflict(f"request {half.rid} is already here")
         state = self._decode_state(half)
@@ -743,7 +743,7 @@ class SidecarService:
         if not getattr(self.engine, "migrates_kv", True):
             raise Conflict(f"engine {self.engine.name} cannot adopt a request without its KV")
         half = body.half
-        self._check_half(half)
+        check_half(half, self.cfg.context_limit, self.cfg.model.vocab_size)
         if half.rid in self.decode_halves or half.rid in self._unclaimed:
             raise Conflict(f"request {half.rid} is already here")
         state = self._decode_state(half, body.output_ids)

@@ -45,7 +45,7 @@ from fluidpd.api.internal import (
 from fluidpd.core.types import Request, Role, RoleState
 from fluidpd.modeldir.text import TokenText
 from fluidpd_sidecar.metrics import SidecarMetrics
-from fluidpd_sidecar.service import BadRequest, Conflict, SidecarConfig
+from fluidpd_sidecar.service import Conflict, SidecarConfig, check_half
 from fluidpd_sidecar.sglang.observe import pressure_report, step_gauges
 from fluidpd_sidecar.sglang.server import SglangError, SglangServer
 from fluidpd_sidecar.sglang.wire import generate_body, new_tokens
@@ -229,15 +229,7 @@ class SglangService:
             raise Conflict(f"worker {self.cfg.worker_id} not taking work: {why}")
         if half.rid in self.halves:
             raise Conflict(f"request {half.rid} is already here")
-        limit = self.cfg.context_limit
-        if half.prompt_len + half.max_new_tokens > limit:
-            raise BadRequest(
-                f"prompt_ids: {half.prompt_len} tokens + max_new_tokens "
-                f"({half.max_new_tokens}) exceed the context limit {limit}"
-            )
-        vocab = self.cfg.model.vocab_size
-        if min(half.prompt_ids) < 0 or max(half.prompt_ids) >= vocab:
-            raise BadRequest(f"prompt_ids: token ids must be in [0, {vocab})")
+        check_half(half, self.cfg.context_limit, self.cfg.model.vocab_size)
 
     def _own_bootstrap(self) -> tuple[str, int] | None:
         info = self.bootstrap_info()
