@@ -44,8 +44,10 @@ from fluidpd.api.internal import (
 )
 from fluidpd.core.types import Request, Role, RoleState
 from fluidpd.modeldir.text import TokenText
+from fluidpd_sidecar.config import SidecarConfig
+from fluidpd_sidecar.errors import Conflict
+from fluidpd_sidecar.halves import check_half
 from fluidpd_sidecar.metrics import SidecarMetrics
-from fluidpd_sidecar.service import Conflict, SidecarConfig, check_half
 from fluidpd_sidecar.sglang.observe import pressure_report, step_gauges
 from fluidpd_sidecar.sglang.server import SglangError, SglangServer
 from fluidpd_sidecar.sglang.wire import generate_body, new_tokens
