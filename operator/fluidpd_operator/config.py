@@ -15,9 +15,10 @@ class OperatorConfig:
     log_level: str = "INFO"
     #: Seconds between full reconciles of every deployment (the safety net behind the events).
     resync_s: float = 30.0
-    #: Images for workers and routers whose FluidPDDeployment names none.
-    sidecar_image: str = "ghcr.io/fluidpd/sidecar-sim:0.1.0"
-    router_image: str = "ghcr.io/fluidpd/router:0.1.0"
+    #: Images for workers and routers whose FluidPDDeployment names none: by default the one
+    #: image of the router and the `sim` sidecar (images/fluidpd; the pod's command picks).
+    sidecar_image: str = "ghcr.io/fluidpd/fluidpd:0.1.0"
+    router_image: str = "ghcr.io/fluidpd/fluidpd:0.1.0"
 
     @classmethod
     def from_env(cls) -> OperatorConfig:

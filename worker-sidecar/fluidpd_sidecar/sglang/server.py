@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
+import aiohttp
 
 log = logging.getLogger("fluidpd.sidecar.sglang")
 
@@ -169,7 +169,7 @@ class SglangServer:
             logf.close()
         self.starts += 1
         self.healthy = False
-        async with httpx.AsyncClient(timeout=5.0) as client:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5.0)) as client:
             while True:
                 if self.proc.returncode is not None:
                     raise SglangError(
@@ -182,10 +182,10 @@ class SglangServer:
                         f"SGLang did not become healthy within {cfg.start_timeout_s:.0f} s: "
                         f"{log_tail(cfg.log_path)}"
                     )
-                with contextlib.suppress(httpx.HTTPError):
-                    r = await client.get(f"{cfg.url}/health")
-                    if r.status_code == 200:
-                        break
+                with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                    async with client.get(f"{cfg.url}/health") as r:
+                        if r.status == 200:
+                            break
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self.proc.wait(), 1.0)
         self.start_s = time.monotonic() - t0

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
-import httpx
+import aiohttp
 import orjson
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -44,16 +44,36 @@ from fluidpd.api.internal import (
 )
 from fluidpd.core.types import Request, Role, RoleState
 from fluidpd.modeldir.text import TokenText
+from fluidpd_sidecar.config import SidecarConfig
+from fluidpd_sidecar.errors import Conflict
+from fluidpd_sidecar.halves import check_half
 from fluidpd_sidecar.metrics import SidecarMetrics
-from fluidpd_sidecar.service import Conflict, SidecarConfig, check_half
 from fluidpd_sidecar.sglang.observe import pressure_report, step_gauges
 from fluidpd_sidecar.sglang.server import SglangError, SglangServer
 from fluidpd_sidecar.sglang.wire import generate_body, new_tokens
 from fluidpd_sidecar.stopping import OutputStream
 
 log = logging.getLogger("fluidpd.sidecar.sglang")
-# The hook is polled 20 times a second; httpx logs every request at INFO.
-logging.getLogger("httpx").setLevel(logging.WARNING)
+#: Reading the hook's snapshot.
+_SHORT = aiohttp.ClientTimeout(total=2.0)
+#: Asking the prefill sidecar for its bootstrap address; asking SGLang to abort a request.
+_PEER = aiohttp.ClientTimeout(total=5.0)
+
+
+async def _lines(content: aiohttp.StreamReader) -> AsyncIterator[str]:
+    """A streamed body's lines, of any length. SGLang's streamed answers are cumulative (every
+    chunk repeats the ids and log-probabilities so far), so a long output's lines outgrow the
+    128 KiB that aiohttp's own line iterator allows."""
+    buf = bytearray()
+    async for chunk in content.iter_any():
+        buf.extend(chunk)
+        start = 0
+        while (end := buf.find(b"\n", start)) >= 0:
+            yield buf[start:end].rstrip(b"\r").decode(errors="replace")
+            start = end + 1
+        del buf[:start]
+    if buf:
+        yield buf.decode(errors="replace")
 
 
 class _StepGauges(Collector):
@@ -108,13 +128,15 @@ class SglangService:
         #: The hook's last snapshot of SGLang's scheduler (``fluidpd_sidecar.sglang.hook``).
         self.snapshot: dict[str, Any] = {}
         self._tasks: list[asyncio.Task[None]] = []
-        self._client: httpx.AsyncClient | None = None
+        self._client: aiohttp.ClientSession | None = None
         self.metrics = SidecarMetrics(self)  # type: ignore[arg-type]  # same surface it reads
         self.metrics.registry.register(_StepGauges(self))
 
     # -- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:
-        self._client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0))
+        # No overall limit: a prefill answers when its KV is shipped, a decode streams for as
+        # long as the request runs.
+        self._client = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, connect=5.0))
         self._tasks = [
             asyncio.create_task(self._supervise(), name="sglang-supervisor"),
             asyncio.create_task(self._poll_hook(), name="sglang-hook-poller"),
@@ -128,7 +150,7 @@ class SglangService:
                 await task
         await self.server.stop()
         if self._client is not None:
-            await self._client.aclose()
+            await self._client.close()
 
     def _fail(self, reason: str) -> None:
         self.failed = reason
@@ -154,10 +176,10 @@ class SglangService:
         assert self._client is not None
         while True:
             if self.server.healthy:
-                with contextlib.suppress(httpx.HTTPError, ValueError):
-                    r = await self._client.get(url, timeout=2.0)
-                    if r.status_code == 200:
-                        self.snapshot = r.json()
+                with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
+                    async with self._client.get(url, timeout=_SHORT) as r:
+                        if r.status == 200:
+                            self.snapshot = await r.json(content_type=None)
             await asyncio.sleep(0.05)
 
     def ready(self) -> tuple[bool, str]:
@@ -246,14 +268,15 @@ class SglangService:
         )
         try:
             assert self._client is not None
-            r = await self._client.post(f"{self.server.cfg.url}/generate", json=body)
-            if r.status_code != 200:
-                return PrefillOutcome(status="cancelled", detail=f"SGLang: {r.text[:200]}")
-            meta = r.json().get("meta_info") or {}
+            async with self._client.post(f"{self.server.cfg.url}/generate", json=body) as r:
+                if r.status != 200:
+                    text = await r.text(errors="replace")
+                    return PrefillOutcome(status="cancelled", detail=f"SGLang: {text[:200]}")
+                meta = (await r.json(content_type=None)).get("meta_info") or {}
             if (meta.get("finish_reason") or {}).get("type") == "abort":
                 return PrefillOutcome(status="cancelled", detail="aborted")
             return PrefillOutcome(status="done", stolen=0)
-        except httpx.HTTPError as exc:
+        except (aiohttp.ClientError, TimeoutError) as exc:
             return PrefillOutcome(status="cancelled", detail=f"SGLang unreachable: {exc}")
         except asyncio.CancelledError:
             await self._abort_sglang(half.rid)
@@ -269,11 +292,11 @@ class SglangService:
         headers = {}
         if self.cfg.admin_token:
             headers["Authorization"] = f"Bearer {self.cfg.admin_token}"
-        r = await self._client.get(
-            f"{prefill_url.rstrip('/')}/v1/internal/sglang", headers=headers, timeout=5.0
-        )
-        r.raise_for_status()
-        info = r.json()
+        async with self._client.get(
+            f"{prefill_url.rstrip('/')}/v1/internal/sglang", headers=headers, timeout=_PEER
+        ) as r:
+            r.raise_for_status()
+            info = await r.json(content_type=None)
         if info.get("bootstrap_port") is None:
             raise RuntimeError(f"{prefill_url} is not an SGLang prefill worker")
         hit = (str(info["bootstrap_host"]), int(info["bootstrap_port"]))
@@ -295,14 +318,12 @@ class SglangService:
             bootstrap = await self._peer_bootstrap(half.prefill_url)
             body = generate_body(half.rid, half.prompt_ids, half.sampling, bootstrap, stream=True)
             assert self._client is not None
-            async with self._client.stream(
-                "POST", f"{self.server.cfg.url}/generate", json=body
-            ) as r:
-                if r.status_code != 200:
-                    detail = (await r.aread()).decode(errors="replace")[:200]
+            async with self._client.post(f"{self.server.cfg.url}/generate", json=body) as r:
+                if r.status != 200:
+                    detail = (await r.read()).decode(errors="replace")[:200]
                     state.events.put_nowait(DecodeEvent(event="error", detail=f"SGLang: {detail}"))
                     return
-                async for line in r.aiter_lines():
+                async for line in _lines(r.content):
                     if not line.startswith("data:"):
                         continue
                     data = line[5:].strip()
@@ -365,10 +386,11 @@ class SglangService:
     async def _abort_sglang(self, rid: int) -> None:
         if self._client is None:
             return
-        with contextlib.suppress(httpx.HTTPError):
-            await self._client.post(
-                f"{self.server.cfg.url}/abort_request", json={"rid": str(rid)}, timeout=5.0
-            )
+        with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+            async with self._client.post(
+                f"{self.server.cfg.url}/abort_request", json={"rid": str(rid)}, timeout=_PEER
+            ):
+                pass
 
     async def abort(self, body: Abort) -> bool:
         state = self.halves.get(body.rid)
