@@ -272,6 +272,7 @@ def test_operator_deployment(helm: str) -> None:
     ]
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert env["FLUIDPD_SIDECAR_IMAGE"] == "ghcr.io/fluidpd/sidecar-sim:0.1.0"
+    assert env["FLUIDPD_SGLANG_IMAGE"] == "ghcr.io/fluidpd/sglang-worker:0.1.0"
     assert env["FLUIDPD_ROUTER_IMAGE"] == "ghcr.io/fluidpd/router:0.1.0"
     assert env["FLUIDPD_LOG_LEVEL"] == "info"
     # The read-only root filesystem leaves a writable /tmp.
