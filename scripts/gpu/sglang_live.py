@@ -65,8 +65,15 @@ def replay(
     t0 = time.monotonic()
     env = {**os.environ, "FLUIDPD_ADMIN_TOKEN": token}
     print(f"[live] replay {label} -> {endpoint}", flush=True)
-    done = subprocess.run(argv, env=env, capture_output=True, text=True,
-                          timeout=args.replay_timeout, check=False)  # fmt: skip
+    try:
+        done = subprocess.run(argv, env=env, capture_output=True, text=True,
+                              timeout=args.replay_timeout, check=False)  # fmt: skip
+    except subprocess.TimeoutExpired as exc:
+        # Killed: this label's results are lost, the next run still gets its turn.
+        out_text = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else ""
+        print(f"[live] replay {label}: over {args.replay_timeout:.0f} s, killed", flush=True)
+        return {"rc": "timeout", "wall_s": time.monotonic() - t0, "tail": out_text[-2000:],
+                "seed": seed}  # fmt: skip
     tail = (done.stdout + done.stderr).strip().splitlines()[-12:]
     print("\n".join(tail), flush=True)
     return {"rc": done.returncode, "wall_s": time.monotonic() - t0, "tail": tail, "seed": seed}
@@ -126,7 +133,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "--tpot-slo", str(args.tpot_slo), "--log-level", "warning",
         f"--sglang-arg=--context-length={args.context_limit}",
         "--sglang-arg=--disable-piecewise-cuda-graph",
-        f"--sglang-arg=--cuda-graph-max-bs={args.graph_bs}",
+        f"--sglang-arg=--cuda-graph-max-bs-decode={args.graph_bs}",
         f"--sglang-arg=--max-running-requests={args.graph_bs}",
         *args.sidecar_arg,
     ]  # fmt: skip
@@ -192,18 +199,19 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         rep["error"] = repr(exc)
         print(f"[live] error: {exc!r}", flush=True)
     finally:
+        # Also on SIGTERM (KeyboardInterrupt here): stop every server, keep what was measured.
         stack.stop()
         stack.logs(out / "logs.txt", lines=40)
-    rep["elapsed_s"] = time.monotonic() - t_start
-    results = replay_out / "results.json"
-    if results.exists():
-        shutil.copy(results, out / "results.json")
-        summary = subprocess.run([*FLUIDPD, "summary", str(replay_out)], capture_output=True,
-                                 text=True, check=False)  # fmt: skip
-        rep["table"] = summary.stdout
-        (out / "table.txt").write_text(summary.stdout + summary.stderr)
-        print(summary.stdout, flush=True)
-    write_json(out / "live.json", rep)
+        rep["elapsed_s"] = time.monotonic() - t_start
+        results = replay_out / "results.json"
+        if results.exists():
+            shutil.copy(results, out / "results.json")
+            summary = subprocess.run([*FLUIDPD, "summary", str(replay_out)], capture_output=True,
+                                     text=True, check=False, timeout=60)  # fmt: skip
+            rep["table"] = summary.stdout
+            (out / "table.txt").write_text(summary.stdout + summary.stderr)
+            print(summary.stdout, flush=True)
+        write_json(out / "live.json", rep)
     return rep
 
 
@@ -229,8 +237,8 @@ def main() -> int:
     p.add_argument("--context-limit", type=int, default=8192)
     p.add_argument("--ttft-slo", type=float, default=3.0)
     p.add_argument("--tpot-slo", type=float, default=0.05)
-    p.add_argument("--request-timeout", type=float, default=60.0)
-    p.add_argument("--replay-timeout", type=float, default=100.0)
+    p.add_argument("--request-timeout", type=float, default=30.0, help="no first token: failed")
+    p.add_argument("--replay-timeout", type=float, default=90.0, help="one replay's limit, s")
     p.add_argument("--start-timeout", type=float, default=200.0)
     p.add_argument("--sidecar-arg", action="append", default=[])
     p.add_argument("--controller-arg", action="append", default=[])

@@ -157,7 +157,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             router += ["--worker", f"{w.wid}={w.url}"]
         stack.start("router", router)
         lim = httpx.Limits(max_connections=None, max_keepalive_connections=512)
-        async with httpx.AsyncClient(timeout=httpx.Timeout(600, connect=10), limits=lim) as c:
+        # A request stuck for 2 minutes counts as lost (an error), not as a hang of the run.
+        async with httpx.AsyncClient(timeout=httpx.Timeout(120, connect=10), limits=lim) as c:
             rep["ready_s"] = await wait_ready(
                 c, stack, [f"{w.url}/readyz" for w in workers] + [f"http://127.0.0.1:{rp}/healthz"],
                 args.start_timeout,
