@@ -49,7 +49,7 @@ else
 fi
 cat "$OUT/mps.txt"
 timeout -k 20 330 python3 scripts/gpu/sglang_live.py --out "$OUT" --python "$(command -v python3)" \
-  --slice "$SLICE" --rps "${RPS:-2}" --requests "${N:-100}" --ttft-slo "${TTFT_SLO:-2}" \
+  --slice "$SLICE" --rps "${RPS:-2.5}" --requests "${N:-100}" --ttft-slo "${TTFT_SLO:-2}" \
   --tpot-slo "${TPOT_SLO:-0.05}" "${MPS_FLAG[@]}" || echo "live rc=$?"
 if [ "$mps_started" = 1 ]; then
   [ -d /tmp/fluidpd-mps/log ] && tail -n 20 /tmp/fluidpd-mps/log/control.log >> "$OUT/mps.txt" 2>/dev/null
