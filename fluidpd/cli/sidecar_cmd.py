@@ -257,6 +257,7 @@ def run(args: argparse.Namespace) -> int:
 def _run_sglang(args: argparse.Namespace, cfg: Any, text: Any) -> int:
     """The sidecar of an SGLang worker: SGLang's own P/D (KV over its Mooncake backend)."""
     import os
+    import signal
     from pathlib import Path
     from urllib.parse import urlparse
 
@@ -304,7 +305,14 @@ def _run_sglang(args: argparse.Namespace, cfg: Any, text: Any) -> int:
     )
     configure_logging(args.log_level, args.id)
     service = SglangService(cfg, server, text)
-    serve_http(create_sglang_app(service), args)
+    # uvicorn re-raises the SIGTERM it shut down on once it returns. The service sends itself
+    # one when SGLang cannot start or dies for good, and then the user must see why (the one
+    # line below, exit 2), not a bare death by signal; a pod's SIGTERM still shuts down cleanly.
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)
+    try:
+        serve_http(create_sglang_app(service), args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if service.failed:
         raise UserError(f"sglang: {service.failed}")
     return 0
