@@ -28,6 +28,7 @@ import asyncio
 import dataclasses
 import json
 import random
+import signal
 import sys
 import time
 from pathlib import Path
@@ -236,7 +237,14 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     return rep
 
 
+def _interrupt(signum: int, _frame: object) -> None:
+    # ``timeout`` sends SIGTERM: unwind through the ``finally`` blocks, which stop the SGLang
+    # servers (they run in their own sessions and would outlive this process).
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main() -> int:
+    signal.signal(signal.SIGTERM, _interrupt)
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     p.add_argument("--out", required=True)
     p.add_argument("--work", type=Path, default=Path("/tmp/sglang-model"))
