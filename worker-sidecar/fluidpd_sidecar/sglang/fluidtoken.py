@@ -106,8 +106,8 @@ class PrefillPlanner:
         return self.side.stolen_tokens
 
     def queue_entries(self) -> list[dict[str, Any]]:
-        """Requests held here, not yet given to SGLang (its bootstrap queue in the snapshot's
-        form, so that /pressure counts them)."""
+        """Requests held here, not yet given to SGLang, as the snapshot's queue entries (so
+        that /pressure counts them)."""
         return [
             {"rid": str(r.rid), "prompt_len": r.prompt_len, "arrival": r.arrival}
             for r in [*self.side.bootstrap.values(), *self.side.waiting]

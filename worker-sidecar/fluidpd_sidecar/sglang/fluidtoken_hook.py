@@ -86,10 +86,11 @@ def _sweep() -> None:
     s = _scheduler["s"]
     q = getattr(s, "disagg_prefill_bootstrap_queue", None) if s is not None else None
     mgr = getattr(q, "kv_manager", None)
-    infos = getattr(mgr, "transfer_infos", None)
+    tables = [getattr(mgr, name, None) for name in ("transfer_infos", "request_status")]
     for room, t in rooms:
-        if infos is not None:
-            infos.pop(room, None)  # a dict pop is atomic under the GIL
+        for table in tables:
+            if table is not None:
+                table.pop(room, None)  # a dict pop is atomic under the GIL
         if now - t > SPLIT_TTL_S:
             with _lock:
                 _forget.pop(room, None)

@@ -198,9 +198,10 @@ class SglangService:
         arrivals = {str(rid): h.req.arrival for rid, h in self.halves.items()}
         snap = self.snapshot
         if self.role is Role.PREFILL and self.planner.queued:
-            # Held by the planner, not yet given to SGLang: queued all the same.
-            snap = {**snap, "bootstrap": [*snap.get("bootstrap", []),
-                                          *self.planner.queue_entries()]}  # fmt: skip
+            # Held by the planner, not yet given to SGLang: schedulable (SGLang's own bootstrap
+            # gates the one it runs), so prefill pressure like SGLang's waiting queue.
+            snap = {**snap, "waiting": [*snap.get("waiting", []),
+                                        *self.planner.queue_entries()]}  # fmt: skip
         report = pressure_report(
             snap,
             worker=self.cfg.worker_id,
