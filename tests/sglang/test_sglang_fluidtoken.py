@@ -79,7 +79,7 @@ def up(
         "--sglang-start-timeout", str(START_S), "--first-token-timeout", "300",
         "--force-steal", str(request.param),
     ]  # fmt: skip
-    env = {**os.environ, "FLUIDPD_ADMIN_TOKEN": TOKEN}
+    env = {**os.environ, "FLUIDPD_ADMIN_TOKEN": TOKEN, "FLUIDPD_LOG_DIR": str(run_dir)}
     out = (run_dir / "up.out").open("wb")
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
