@@ -267,8 +267,6 @@ def _run_sglang(args: argparse.Namespace, cfg: Any, text: Any) -> int:
 
     if not args.model_dir:
         raise UserError("--model-dir: the sglang engine serves a model directory; give one")
-    if args.force_steal not in (None, 0.0):
-        raise UserError("--force-steal: the sglang engine does not steal tokens yet (beta = 0)")
     python = (
         args.sglang_python
         or os.environ.get("FLUIDPD_SGLANG_PYTHON")
@@ -296,7 +294,13 @@ def _run_sglang(args: argparse.Namespace, cfg: Any, text: Any) -> int:
             transfer_backend="mooncake",
             load_format=args.sglang_load_format,
             max_total_tokens=args.sglang_max_total_tokens,
-            extra_args=tuple(args.sglang_arg),
+            # FluidToken's suffix extend is wired into SGLang's non-overlap decode loop.
+            extra_args=(
+                ("--disable-overlap-schedule",)
+                if role is Role.DECODE and (not args.no_fluidtoken or args.force_steal is not None)
+                else ()
+            )
+            + tuple(args.sglang_arg),
             # Its bootstrap server and transfers must be reachable from peers' SGLang servers.
             host=urlparse(cfg.url).hostname or args.host,
             log_path=Path(os.environ.get("FLUIDPD_LOG_DIR", ".")) / f"sglang-{args.id}.log",

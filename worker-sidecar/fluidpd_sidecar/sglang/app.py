@@ -17,6 +17,7 @@ from fluidpd.api.internal import (
     RetireRequest,
     RoleRequest,
     RoleStatus,
+    SuffixCommit,
 )
 from fluidpd_sidecar.http_base import worker_app
 from fluidpd_sidecar.sglang.service import SglangService
@@ -59,6 +60,10 @@ def create_app(service: SglangService) -> FastAPI:
 
     @app.get("/v1/internal/budget", dependencies=[Admin])
     async def budget() -> dict[str, Any]:
-        return {"worker": service.cfg.worker_id, "budget": 0.0}
+        return {"worker": service.cfg.worker_id, "budget": service.budget()}
+
+    @app.post("/v1/internal/suffix", dependencies=[Admin])
+    async def suffix(body: SuffixCommit) -> dict[str, Any]:
+        return {"budget": await service.suffix_committed(body)}
 
     return app

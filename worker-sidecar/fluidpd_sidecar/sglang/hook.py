@@ -21,6 +21,8 @@ from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from fluidpd_sidecar.sglang import fluidtoken_hook
+
 PORT_ENV = "FLUIDPD_SGLANG_HOOK_PORT"
 #: Steps kept for the step-time window of a snapshot.
 STEPS_KEPT = 256
@@ -98,6 +100,7 @@ def snapshot() -> dict[str, Any]:
         "kv_pre_allocated": pre_allocated,
         "n_steps": n_steps,
         "steps": steps,
+        **fluidtoken_hook.snapshot_fields(),
     }
 
 
@@ -133,6 +136,7 @@ def _wrap_init(cls: Any) -> None:
     def init(self: Any, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
         _state["scheduler"] = self  # observable before the first batch runs
+        fluidtoken_hook.bind(self)
 
     cls.__init__ = init
 
@@ -151,6 +155,20 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def do_POST(self) -> None:
+        """FluidToken's splits (``fluidtoken_hook.handle_post``)."""
+        try:
+            n = int(self.headers.get("Content-Length") or 0)
+            code, answer = fluidtoken_hook.handle_post(self.path, json.loads(self.rfile.read(n)))
+        except ValueError as exc:
+            code, answer = 400, {"error": str(exc)}
+        body = json.dumps(answer).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
     def log_message(self, format: str, *args: Any) -> None:
         return
 
@@ -161,6 +179,7 @@ def install() -> None:
 
     _wrap_init(Scheduler)
     _wrap_run_batch(Scheduler)
+    fluidtoken_hook.install(Scheduler)
     port = int(os.environ.get(PORT_ENV, "0") or 0)
     if port:
         server = ThreadingHTTPServer(("127.0.0.1", port), _Handler)

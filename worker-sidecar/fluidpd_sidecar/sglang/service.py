@@ -9,9 +9,12 @@ the decode sidecar looks up the prefill server's bootstrap address from the pref
 decode``), detokenizes and stops them (``fluidpd_sidecar.stopping``), and streams
 ``DecodeEvent`` lines to the router, exactly as the other engines' sidecars do.
 
-Not on SGLang yet: FluidToken (every prompt is prefilled whole, beta = 0), in-place role
-switches (``POST /role`` is refused with 409) and drain ``migrate``. ``/pressure`` and
-``/metrics`` come from the scheduler hook (``observe``).
+FluidToken (``fluidtoken``): the prefill sidecar's core scheduler decides each request's split
+and sends SGLang only the prefix; the decode sidecar registers the split with SGLang's
+FluidToken hook, which runs the suffix as a real extend. ``--no-fluidtoken`` without
+``--force-steal`` sends every half straight to SGLang (beta = 0, SGLang's own batching).
+Not on SGLang yet: in-place role switches (``POST /role`` is refused with 409) and drain
+``migrate``. ``/pressure`` and ``/metrics`` come from the scheduler hook (``observe``).
 """
 
 from __future__ import annotations
@@ -41,13 +44,16 @@ from fluidpd.api.internal import (
     PressureReport,
     RequestHalf,
     RoleStatus,
+    SuffixCommit,
 )
 from fluidpd.core.types import Request, Role, RoleState
 from fluidpd.modeldir.text import TokenText
 from fluidpd_sidecar.config import SidecarConfig
-from fluidpd_sidecar.errors import Conflict
+from fluidpd_sidecar.errors import BadRequest, Conflict
 from fluidpd_sidecar.halves import check_half
 from fluidpd_sidecar.metrics import SidecarMetrics
+from fluidpd_sidecar.peers import Peers
+from fluidpd_sidecar.sglang.fluidtoken import DecodeSplits, PrefillPlanner
 from fluidpd_sidecar.sglang.observe import pressure_report, step_gauges
 from fluidpd_sidecar.sglang.server import SglangError, SglangServer
 from fluidpd_sidecar.sglang.wire import generate_body, new_tokens
@@ -131,6 +137,14 @@ class SglangService:
         self._client: aiohttp.ClientSession | None = None
         self.metrics = SidecarMetrics(self)  # type: ignore[arg-type]  # same surface it reads
         self.metrics.registry.register(_StepGauges(self))
+        self.n_prefill = 1
+        self.peers = Peers(cfg.admin_token)
+        hook_url = f"http://127.0.0.1:{server.cfg.hook_port}"
+        self.planner = PrefillPlanner(
+            cfg.worker_id, cfg.profile, cfg.slo, cfg.token_cfg, cfg.force_steal, self.peers,
+            self._prefill_sglang, self._abort_sglang, hook_url, cfg.budget_refresh_s,
+        )  # fmt: skip
+        self.splits = DecodeSplits(cfg.profile, cfg.slo, cfg.token_cfg, hook_url)
 
     # -- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -141,6 +155,7 @@ class SglangService:
             asyncio.create_task(self._supervise(), name="sglang-supervisor"),
             asyncio.create_task(self._poll_hook(), name="sglang-hook-poller"),
         ]
+        self.planner.start()
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -148,6 +163,8 @@ class SglangService:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        await self.planner.stop()
+        await self.peers.close()
         await self.server.stop()
         if self._client is not None:
             await self._client.close()
@@ -192,10 +209,23 @@ class SglangService:
         return True, "ready"
 
     # -- signals ------------------------------------------------------------------------------
+    @property
+    def fluidtoken(self) -> bool:
+        """Halves go through FluidToken's planner (else straight to SGLang, beta = 0)."""
+        return self.cfg.token_cfg.enabled or self.cfg.force_steal is not None
+
     def pressure(self, n_prefill: int | None = None) -> PressureReport:
+        if n_prefill:
+            self.n_prefill = self.splits.n_prefill = n_prefill
         arrivals = {str(rid): h.req.arrival for rid, h in self.halves.items()}
-        return pressure_report(
-            self.snapshot,
+        snap = self.snapshot
+        if self.role is Role.PREFILL and self.planner.queued:
+            # Held by the planner, not yet given to SGLang: schedulable (SGLang's own bootstrap
+            # gates the one it runs), so prefill pressure like SGLang's waiting queue.
+            snap = {**snap, "waiting": [*snap.get("waiting", []),
+                                        *self.planner.queue_entries()]}  # fmt: skip
+        report = pressure_report(
+            snap,
             worker=self.cfg.worker_id,
             role=self.role,
             profile=self.cfg.profile,
@@ -205,6 +235,25 @@ class SglangService:
             retiring=self.retiring,
             in_flight=len(self.halves),
         )
+        if self.role is Role.PREFILL:
+            return report.model_copy(update={"stolen_tokens": self.planner.stolen_tokens})
+        budget = self.splits.budget(snap, report, admitting=not self.retiring)
+        return report.model_copy(update={"steal_budget": budget})
+
+    def budget(self) -> float:
+        return self.pressure().steal_budget if self.role is Role.DECODE else 0.0
+
+    async def suffix_committed(self, body: SuffixCommit) -> float:
+        """A prefill peer stole ``tokens`` of this request's prompt: SGLang's FluidToken hook
+        must know before the prefix KV lands (the peer waits for this answer)."""
+        if self.role is not Role.DECODE:
+            raise Conflict(f"worker {self.cfg.worker_id} is {self.role.value}, not decode")
+        assert self._client is not None
+        try:
+            await self.splits.register(self._client, body)
+        except (aiohttp.ClientError, TimeoutError, RuntimeError) as exc:
+            raise BadRequest(f"split of request {body.rid} not registered: {exc}") from exc
+        return self.budget()
 
     def role_status(self) -> RoleStatus:
         return RoleStatus(
@@ -263,9 +312,17 @@ class SglangService:
         self._check(half, Role.PREFILL)
         state = _Half(Request(half.rid, half.arrival, half.prompt_len, half.max_new_tokens))
         self.halves[half.rid] = state
-        body = generate_body(
-            half.rid, half.prompt_ids, half.sampling, self._own_bootstrap(), stream=False
-        )
+        try:
+            if self.fluidtoken:
+                return await self.planner.prefill(half)
+            return await self._prefill_sglang(half, half.prompt_ids)
+        finally:
+            self.halves.pop(half.rid, None)
+
+    async def _prefill_sglang(self, half: PrefillHalf, ids: list[int]) -> PrefillOutcome:
+        """``ids`` (the prompt, or the prefix FluidToken left here) through SGLang's prefill
+        server; its answer comes once the KV has gone to the decode server."""
+        body = generate_body(half.rid, ids, half.sampling, self._own_bootstrap(), stream=False)
         try:
             assert self._client is not None
             async with self._client.post(f"{self.server.cfg.url}/generate", json=body) as r:
@@ -281,8 +338,6 @@ class SglangService:
         except asyncio.CancelledError:
             await self._abort_sglang(half.rid)
             raise
-        finally:
-            self.halves.pop(half.rid, None)
 
     async def _peer_bootstrap(self, prefill_url: str) -> tuple[str, int]:
         hit = self._bootstraps.get(prefill_url)
