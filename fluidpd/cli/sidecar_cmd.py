@@ -291,7 +291,9 @@ def _run_sglang(args: argparse.Namespace, cfg: Any, text: Any) -> int:
             device=args.device,
             mem_fraction=args.mem_fraction,
             mode=role.value,
-            bootstrap_port=bootstrap_port if role is Role.PREFILL else None,
+            # Every worker can become a prefill in place (FluidRole): a bootstrap port each.
+            bootstrap_port=bootstrap_port,
+            fluidrole=True,
             transfer_backend="mooncake",
             load_format=args.sglang_load_format,
             max_total_tokens=args.sglang_max_total_tokens,

@@ -21,6 +21,8 @@ from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from fluidpd_sidecar.sglang import roleswitch
+
 PORT_ENV = "FLUIDPD_SGLANG_HOOK_PORT"
 #: Steps kept for the step-time window of a snapshot.
 STEPS_KEPT = 256
@@ -98,6 +100,7 @@ def snapshot() -> dict[str, Any]:
         "kv_pre_allocated": pre_allocated,
         "n_steps": n_steps,
         "steps": steps,
+        **roleswitch.snapshot_fields(s),
     }
 
 
@@ -151,6 +154,21 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def do_POST(self) -> None:
+        """FluidRole's commands (``roleswitch``): run on the scheduler's loop thread."""
+        try:
+            n = int(self.headers.get("Content-Length", "0") or 0)
+            args = json.loads(self.rfile.read(n) or b"{}")
+            code, out = roleswitch.submit(self.path.strip("/"), args)
+        except ValueError as exc:
+            code, out = 400, {"error": f"bad JSON: {exc}"}
+        body = json.dumps(out).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
     def log_message(self, format: str, *args: Any) -> None:
         return
 
@@ -161,6 +179,8 @@ def install() -> None:
 
     _wrap_init(Scheduler)
     _wrap_run_batch(Scheduler)
+    if roleswitch.enabled():
+        roleswitch.install(Scheduler)
     port = int(os.environ.get(PORT_ENV, "0") or 0)
     if port:
         server = ThreadingHTTPServer(("127.0.0.1", port), _Handler)

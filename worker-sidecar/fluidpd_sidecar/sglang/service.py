@@ -9,8 +9,9 @@ the decode sidecar looks up the prefill server's bootstrap address from the pref
 decode``), detokenizes and stops them (``fluidpd_sidecar.stopping``), and streams
 ``DecodeEvent`` lines to the router, exactly as the other engines' sidecars do.
 
-Not on SGLang yet: FluidToken (every prompt is prefilled whole, beta = 0), in-place role
-switches (``POST /role`` is refused with 409) and drain ``migrate``. ``/pressure`` and
+FluidRole: ``POST /role`` switches the running SGLang server in place (``fluidrole`` drives
+the core's role state machine, ``roleswitch`` flips SGLang's scheduler); drain ``wait`` only.
+Not on SGLang yet: FluidToken (every prompt is prefilled whole, beta = 0). ``/pressure`` and
 ``/metrics`` come from the scheduler hook (``observe``).
 """
 
@@ -40,12 +41,15 @@ from fluidpd.api.internal import (
     PrefillOutcome,
     PressureReport,
     RequestHalf,
+    RetireRequest,
+    RoleRequest,
     RoleStatus,
 )
-from fluidpd.core.types import Request, Role, RoleState
+from fluidpd.core.types import Request, Role
 from fluidpd.modeldir.text import TokenText
 from fluidpd_sidecar.metrics import SidecarMetrics
 from fluidpd_sidecar.service import Conflict, SidecarConfig, check_half
+from fluidpd_sidecar.sglang.fluidrole import RoleDriver, SwitchGauges
 from fluidpd_sidecar.sglang.observe import pressure_report, step_gauges
 from fluidpd_sidecar.sglang.server import SglangError, SglangServer
 from fluidpd_sidecar.sglang.wire import generate_body, new_tokens
@@ -84,6 +88,8 @@ class _Half:
     req: Request
     events: asyncio.Queue[DecodeEvent | None] = field(default_factory=asyncio.Queue)
     task: asyncio.Task[None] | None = None
+    #: The prefill peer of a decode half (a draining decode worker asks it to release).
+    prefill_url: str = ""
 
 
 class SglangService:
@@ -98,11 +104,9 @@ class SglangService:
         self.cfg = cfg
         self.server = server
         self.text = text
-        self.role = cfg.role
         self.exit_on_failure = exit_on_failure
         #: Set when SGLang could not be started or died for good (NotReady with this reason).
         self.failed: str | None = None
-        self.retiring = False
         self.halves: dict[int, _Half] = {}
         self._bootstraps: dict[str, tuple[str, int]] = {}
         #: The hook's last snapshot of SGLang's scheduler (``fluidpd_sidecar.sglang.hook``).
@@ -111,6 +115,21 @@ class SglangService:
         self._client: httpx.AsyncClient | None = None
         self.metrics = SidecarMetrics(self)  # type: ignore[arg-type]  # same surface it reads
         self.metrics.registry.register(_StepGauges(self))
+        self.fluidrole = RoleDriver(self)
+        self.metrics.registry.register(SwitchGauges(self.fluidrole))
+
+    @property
+    def role(self) -> Role:
+        return self.fluidrole.role
+
+    @property
+    def retiring(self) -> bool:
+        return self.fluidrole.sm.retiring
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        assert self._client is not None, "the service is not started"
+        return self._client
 
     # -- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -121,6 +140,7 @@ class SglangService:
         ]
 
     async def stop(self) -> None:
+        await self.fluidrole.stop()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -150,15 +170,18 @@ class SglangService:
     async def _poll_hook(self) -> None:
         """The hook's snapshot, refreshed every 50 ms (the router polls /pressure at 2 Hz and
         the controller reads it; scraping must not wait on SGLang)."""
-        url = f"http://127.0.0.1:{self.server.cfg.hook_port}/"
         assert self._client is not None
         while True:
             if self.server.healthy:
                 with contextlib.suppress(httpx.HTTPError, ValueError):
-                    r = await self._client.get(url, timeout=2.0)
-                    if r.status_code == 200:
-                        self.snapshot = r.json()
+                    await self.refresh_snapshot()
+                await self.fluidrole.sync_engine()
             await asyncio.sleep(0.05)
+
+    async def refresh_snapshot(self) -> None:
+        r = await self.client.get(f"http://127.0.0.1:{self.server.cfg.hook_port}/", timeout=2.0)
+        if r.status_code == 200:
+            self.snapshot = r.json()
 
     def ready(self) -> tuple[bool, str]:
         if self.failed:
@@ -167,12 +190,14 @@ class SglangService:
             return False, "SGLang starting" if self.server.starts <= 1 else "SGLang restarting"
         if self.retiring:
             return False, "retiring"
+        if self.fluidrole.sm.accepting and not self.fluidrole.engine_in_role():
+            return False, f"SGLang starting as {self.role.value}"
         return True, "ready"
 
     # -- signals ------------------------------------------------------------------------------
     def pressure(self, n_prefill: int | None = None) -> PressureReport:
         arrivals = {str(rid): h.req.arrival for rid, h in self.halves.items()}
-        return pressure_report(
+        base = pressure_report(
             self.snapshot,
             worker=self.cfg.worker_id,
             role=self.role,
@@ -183,38 +208,31 @@ class SglangService:
             retiring=self.retiring,
             in_flight=len(self.halves),
         )
+        return self.fluidrole.report(base)
 
     def role_status(self) -> RoleStatus:
-        return RoleStatus(
-            worker=self.cfg.worker_id,
-            role=self.role,
-            state=RoleState.ACTIVE,
-            target=None,
-            since=0.0,
-            switches=0,
-            retiring=self.retiring,
-        )
+        return self.fluidrole.status()
 
-    def request_role(self, role: Role) -> RoleStatus:
-        if role is self.role:
-            return self.role_status()
-        raise Conflict(
-            "in-place role switching is not implemented for the sglang engine yet "
-            "(SGLang 0.5.17 has none)"
-        )
+    def request_role(self, body: RoleRequest) -> RoleStatus:
+        return self.fluidrole.request(body)
 
-    def retire(self) -> RoleStatus:
+    def retire(self, body: RetireRequest | None = None) -> RoleStatus:
         """Scale-in: take no more halves; /pressure says ``drained`` once none is in flight."""
-        self.retiring = True
-        return self.role_status()
+        return self.fluidrole.retire(body or RetireRequest())
+
+    async def release(self, rid: int) -> bool:
+        return await self.fluidrole.release(rid)
 
     def bootstrap_info(self) -> dict[str, Any]:
         cfg = self.server.cfg
         return {
-            "mode": cfg.mode,
+            # SGLang's live role (a FluidRole worker is launched as decode and flipped).
+            "mode": self.snapshot.get("mode", cfg.mode),
             "bootstrap_host": urlparse(self.cfg.url).hostname or cfg.host,
             "bootstrap_port": cfg.bootstrap_port,
             "pid": self.server.pid,
+            # The scheduler process, where a role switch happens (the hook's own pid).
+            "scheduler_pid": self.snapshot.get("pid"),
             "url": cfg.url,
             "start_s": self.server.start_s,
             "restarts": self.server.restarts,
@@ -224,6 +242,9 @@ class SglangService:
     def _check(self, half: RequestHalf, role: Role) -> None:
         if self.role is not role:
             raise Conflict(f"worker {self.cfg.worker_id} is {self.role.value}, not {role.value}")
+        if not self.fluidrole.sm.accepting:
+            state = self.fluidrole.sm.state.value
+            raise Conflict(f"worker {self.cfg.worker_id} is {state}; not taking work")
         ok, why = self.ready()
         if not ok:
             raise Conflict(f"worker {self.cfg.worker_id} not taking work: {why}")
@@ -251,6 +272,8 @@ class SglangService:
                 return PrefillOutcome(status="cancelled", detail=f"SGLang: {r.text[:200]}")
             meta = r.json().get("meta_info") or {}
             if (meta.get("finish_reason") or {}).get("type") == "abort":
+                if half.rid in self.fluidrole.repair:  # turned back by a drain: pair again
+                    return PrefillOutcome(status="reroute", detail="worker draining")
                 return PrefillOutcome(status="cancelled", detail="aborted")
             return PrefillOutcome(status="done", stolen=0)
         except httpx.HTTPError as exc:
@@ -260,6 +283,17 @@ class SglangService:
             raise
         finally:
             self.halves.pop(half.rid, None)
+            self.fluidrole.repair.discard(half.rid)
+
+    async def peer_post(self, url: str, path: str, body: Abort) -> dict[str, Any]:
+        headers = {}
+        if self.cfg.admin_token:
+            headers["Authorization"] = f"Bearer {self.cfg.admin_token}"
+        r = await self.client.post(
+            f"{url.rstrip('/')}{path}", json=body.model_dump(), headers=headers, timeout=5.0
+        )
+        r.raise_for_status()
+        return dict(r.json())
 
     async def _peer_bootstrap(self, prefill_url: str) -> tuple[str, int]:
         hit = self._bootstraps.get(prefill_url)
@@ -283,6 +317,7 @@ class SglangService:
     def accept_decode(self, half: DecodeHalf) -> AsyncIterator[bytes]:
         self._check(half, Role.DECODE)
         state = _Half(Request(half.rid, half.arrival, half.prompt_len, half.max_new_tokens))
+        state.prefill_url = half.prefill_url
         self.halves[half.rid] = state
         state.task = asyncio.create_task(self._decode(half, state), name=f"decode-{half.rid}")
         return self._events(half.rid, state)
@@ -333,12 +368,16 @@ class SglangService:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
+            if half.rid in self.fluidrole.repair and not seen:  # turned back by a drain
+                state.events.put_nowait(DecodeEvent(event="reroute", detail="worker draining"))
+                return
             log.warning("decode half %d failed: %s", half.rid, exc)
             state.events.put_nowait(DecodeEvent(event="error", detail=str(exc)[:300]))
         finally:
             if seen < half.max_new_tokens and stream.finish is not None:
                 # Stopped by FluidPD (a stop string) before SGLang would have: free it there.
                 await self._abort_sglang(half.rid)
+            self.fluidrole.repair.discard(half.rid)
             state.events.put_nowait(None)
 
     def _emit(self, state: _Half, stream: OutputStream, t: float, final: bool = False) -> None:
@@ -361,6 +400,9 @@ class SglangService:
             self.halves.pop(rid, None)
             if state.task is not None and not state.task.done():
                 state.task.cancel()  # the router went away: closing SGLang's stream aborts it
+
+    async def abort_sglang(self, rid: int) -> None:
+        await self._abort_sglang(rid)
 
     async def _abort_sglang(self, rid: int) -> None:
         if self._client is None:
