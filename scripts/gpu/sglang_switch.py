@@ -91,12 +91,25 @@ async def complete(c: httpx.AsyncClient, router: str, ids: list[int], new: int) 
     body = {"model": MODEL[0], "prompt": [ids], "max_tokens": new, "temperature": 0,
             "ignore_eos": True}  # fmt: skip
     t0 = time.perf_counter()
-    r = await c.post(f"{router}/v1/completions", json=body)
+    try:
+        r = await c.post(f"{router}/v1/completions", json=body)
+    except httpx.HTTPError as exc:
+        return {"error": f"{type(exc).__name__}: {exc}"}
     if r.status_code != 200:
         return {"error": f"HTTP {r.status_code}: {r.text[:200]}"}
     d = r.json()
     return {"text": d["choices"][0]["text"], "tokens": d["usage"]["completion_tokens"],
             "wall_s": time.perf_counter() - t0}  # fmt: skip
+
+
+def _agree(got: str, ref: str) -> float:
+    """Share of ``ref`` that ``got`` reproduces from the start."""
+    n = 0
+    for a, b in zip(got, ref, strict=False):
+        if a != b:
+            break
+        n += 1
+    return n / max(1, len(ref))
 
 
 async def switch(c: httpx.AsyncClient, url: str, role: str) -> dict[str, Any]:
@@ -154,7 +167,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             rep["before"] = info
             rep["phase"] = "reference"
             save(out, rep)
-            refs = await asyncio.gather(*(complete(c, router, p, args.new) for p in prompts))
+            # One at a time: batch 1, the same shapes as plain SGLang's reference would use.
+            refs = [await complete(c, router, p, args.new) for p in prompts]
             rep["reference_errors"] = [r["error"] for r in refs if "error" in r]
             if rep["reference_errors"]:
                 raise RuntimeError(f"reference requests failed: {rep['reference_errors'][:3]}")
@@ -189,6 +203,10 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             await asyncio.gather(*streams)
             load_s = time.monotonic() - t_load
             wrong = [(i, r) for i, r in done if "error" in r or r["text"] != refs[i]["text"]]
+            # With dummy (near-uniform) weights, greedy argmax can flip with the batch's shape
+            # on a GPU (other kernels, CUDA-graph buckets); a broken switch would garble the
+            # text from its start instead. So: how far each wrong text agrees with its reference.
+            agree = [_agree(r.get("text", ""), refs[i]["text"]) for i, r in wrong]
             short = [(i, r) for i, r in done if r.get("tokens") != args.new]
             rep["load"] = {
                 "requests": len(done), "seconds": load_s, "concurrency": args.concurrency,
@@ -196,6 +214,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 "lost_or_failed": sum("error" in r for _, r in done),
                 "wrong_text": len(wrong), "short": len(short),
                 "examples_wrong": [r for _, r in wrong[:3]],
+                "wrong_text_agreeing_prefix_share": sorted(agree),
                 "tok_per_s": sum(r.get("tokens", 0) for _, r in done) / load_s,
             }  # fmt: skip
             after = {w: (await c.get(f"{u}/v1/internal/sglang", headers=AUTH)).json()

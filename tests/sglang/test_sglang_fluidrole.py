@@ -169,5 +169,6 @@ def test_switches_under_load_lose_nothing_and_keep_the_process(up: Up) -> None:
         assert f"fluidpd_role_switches_total{{{labels}}} 1.0" in m, m
         assert f'fluidpd_sglang_switch_seconds{{target="{target}",worker="{wid}"}}' in m
     # After the switches the deployment still serves, through the switched workers.
-    again = asyncio.run(_complete(client, 0))
+    fresh = AsyncOpenAI(base_url=f"{up.router}/v1", api_key=TOKEN, max_retries=0)
+    again = asyncio.run(_complete(fresh, 0))
     assert again == refs[0]
