@@ -37,6 +37,11 @@ def create_app(service: SglangService) -> FastAPI:
     async def post_retire(body: RetireRequest) -> RoleStatus:
         return service.retire(body)
 
+    @app.delete("/retire", dependencies=[Admin])
+    async def delete_retire() -> RoleStatus:
+        """Calls off a retirement: the worker returns to service in its role (idempotent)."""
+        return service.cancel_retire()
+
     @app.post("/v1/internal/release", dependencies=[Admin])
     async def release(body: Abort) -> Released:
         return Released(released=await service.release(body.rid))

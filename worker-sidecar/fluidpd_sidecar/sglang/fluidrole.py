@@ -154,6 +154,13 @@ class RoleDriver:
         self._task = asyncio.ensure_future(self._repair_unstarted())
         return self.status()
 
+    def cancel_retire(self) -> RoleStatus:
+        """Calls off a scale-in (idempotent): the worker takes halves again in its role."""
+        if self.sm.retiring:
+            self.sm.cancel_retire(time.time())
+            log.info("retirement cancelled: back in service as %s", self.sm.role.value)
+        return self.status()
+
     async def release(self, rid: int) -> bool:
         """A draining decode peer asks: re-pair this request if its prefill has not started."""
         if self.sm.role is not Role.PREFILL or rid not in self.service.halves:

@@ -220,6 +220,9 @@ class SglangService:
         """Scale-in: take no more halves; /pressure says ``drained`` once none is in flight."""
         return self.fluidrole.retire(body or RetireRequest())
 
+    def cancel_retire(self) -> RoleStatus:
+        return self.fluidrole.cancel_retire()
+
     async def release(self, rid: int) -> bool:
         return await self.fluidrole.release(rid)
 
