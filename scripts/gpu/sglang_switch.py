@@ -225,7 +225,12 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 log = (out / "run" / f"sglang-{w}.log").read_text(errors="replace")
                 loads[w] = log.count("Load weight end")
             rep["checks"] = {
-                "pid_unchanged": all(after[w]["pid"] == info[w]["pid"] for w in workers),
+                # The launcher and the scheduler process (where the switch happens).
+                "pid_unchanged": all(
+                    (after[w]["pid"], after[w].get("scheduler_pid"))
+                    == (info[w]["pid"], info[w].get("scheduler_pid"))
+                    for w in workers
+                ),
                 "no_restart": all(after[w]["restarts"] == 0 for w in workers),
                 "weight_loads_per_process": loads,
                 "modes_after": {w: after[w]["mode"] for w in workers},
