@@ -290,14 +290,17 @@ def _run_sglang(args: argparse.Namespace, cfg: Any, text: Any) -> int:
             device=args.device,
             mem_fraction=args.mem_fraction,
             mode=role.value,
-            bootstrap_port=bootstrap_port if role is Role.PREFILL else None,
+            # Every worker can become a prefill in place (FluidRole): a bootstrap port each.
+            bootstrap_port=bootstrap_port,
+            fluidrole=True,
             transfer_backend="mooncake",
             load_format=args.sglang_load_format,
             max_total_tokens=args.sglang_max_total_tokens,
-            # FluidToken's suffix extend is wired into SGLang's non-overlap decode loop.
+            # FluidToken's suffix extend is wired into SGLang's non-overlap decode loop, and any
+            # worker may become a decode worker in place (FluidRole).
             extra_args=(
                 ("--disable-overlap-schedule",)
-                if role is Role.DECODE and (not args.no_fluidtoken or args.force_steal is not None)
+                if not args.no_fluidtoken or args.force_steal is not None
                 else ()
             )
             + tuple(args.sglang_arg),

@@ -21,7 +21,7 @@ from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from fluidpd_sidecar.sglang import fluidtoken_hook
+from fluidpd_sidecar.sglang import fluidtoken_hook, roleswitch
 
 PORT_ENV = "FLUIDPD_SGLANG_HOOK_PORT"
 #: Steps kept for the step-time window of a snapshot.
@@ -101,6 +101,7 @@ def snapshot() -> dict[str, Any]:
         "n_steps": n_steps,
         "steps": steps,
         **fluidtoken_hook.snapshot_fields(),
+        **roleswitch.snapshot_fields(s),
     }
 
 
@@ -156,13 +157,18 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def do_POST(self) -> None:
-        """FluidToken's splits (``fluidtoken_hook.handle_post``)."""
+        """FluidToken's splits (``fluidtoken_hook.handle_post``: /split, /forget) and FluidRole's
+        commands (``roleswitch``: /role, /unstarted, run on the scheduler's loop thread)."""
         try:
-            n = int(self.headers.get("Content-Length") or 0)
-            code, answer = fluidtoken_hook.handle_post(self.path, json.loads(self.rfile.read(n)))
+            n = int(self.headers.get("Content-Length", "0") or 0)
+            args = json.loads(self.rfile.read(n) or b"{}")
+            if self.path in ("/split", "/forget"):
+                code, out = fluidtoken_hook.handle_post(self.path, args)
+            else:
+                code, out = roleswitch.submit(self.path.strip("/"), args)
         except ValueError as exc:
-            code, answer = 400, {"error": str(exc)}
-        body = json.dumps(answer).encode()
+            code, out = 400, {"error": f"bad JSON: {exc}"}
+        body = json.dumps(out).encode()
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -180,6 +186,8 @@ def install() -> None:
     _wrap_init(Scheduler)
     _wrap_run_batch(Scheduler)
     fluidtoken_hook.install(Scheduler)
+    if roleswitch.enabled():
+        roleswitch.install(Scheduler)
     port = int(os.environ.get(PORT_ENV, "0") or 0)
     if port:
         server = ThreadingHTTPServer(("127.0.0.1", port), _Handler)

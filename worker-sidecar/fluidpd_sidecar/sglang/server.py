@@ -59,6 +59,9 @@ class SglangConfig:
     #: Crashes after a successful start that are restarted before the sidecar gives up.
     max_restarts: int = 2
     env: dict[str, str] = field(default_factory=dict)
+    #: FluidRole worker (``roleswitch``): launched as a decode server whatever ``mode`` (the
+    #: role it starts in) says, with a bootstrap server of its own, and flipped in place.
+    fluidrole: bool = False
 
     @property
     def cpu(self) -> bool:
@@ -95,7 +98,8 @@ def server_command(cfg: SglangConfig) -> list[str]:
     if cfg.load_format is not None:
         argv += ["--load-format", cfg.load_format]
     if cfg.mode != "null":
-        argv += ["--disaggregation-mode", cfg.mode]
+        # A FluidRole worker starts as the role-neutral superset (roleswitch's docstring).
+        argv += ["--disaggregation-mode", "decode" if cfg.fluidrole else cfg.mode]
         if cfg.transfer_backend:
             argv += ["--disaggregation-transfer-backend", cfg.transfer_backend]
         if cfg.bootstrap_port is not None:
@@ -114,6 +118,8 @@ def server_env(cfg: SglangConfig, base: dict[str, str] | None = None) -> dict[st
     env["PYTHONPATH"] = os.pathsep.join(paths)
     env["FLUIDPD_SGLANG_HOOK_PORT"] = str(cfg.hook_port)
     env["PYTHONUNBUFFERED"] = "1"
+    if cfg.fluidrole:
+        env["FLUIDPD_SGLANG_FLUIDROLE"] = "1"
     if cfg.device.startswith("cuda:"):
         env["CUDA_VISIBLE_DEVICES"] = cfg.device.split(":", 1)[1]
     if cfg.transfer_backend == "mooncake":

@@ -13,8 +13,10 @@ FluidToken (``fluidtoken``): the prefill sidecar's core scheduler decides each r
 and sends SGLang only the prefix; the decode sidecar registers the split with SGLang's
 FluidToken hook, which runs the suffix as a real extend. ``--no-fluidtoken`` without
 ``--force-steal`` sends every half straight to SGLang (beta = 0, SGLang's own batching).
-Not on SGLang yet: in-place role switches (``POST /role`` is refused with 409) and drain
-``migrate``. ``/pressure`` and ``/metrics`` come from the scheduler hook (``observe``).
+FluidRole: ``POST /role`` switches the running SGLang server in place (``fluidrole`` drives
+the core's role state machine, ``roleswitch`` flips SGLang's scheduler); drain ``wait`` only
+(``migrate`` falls back to it). ``/pressure`` and ``/metrics`` come from the scheduler hook
+(``observe``).
 """
 
 from __future__ import annotations
@@ -43,16 +45,19 @@ from fluidpd.api.internal import (
     PrefillOutcome,
     PressureReport,
     RequestHalf,
+    RetireRequest,
+    RoleRequest,
     RoleStatus,
     SuffixCommit,
 )
-from fluidpd.core.types import Request, Role, RoleState
+from fluidpd.core.types import Request, Role
 from fluidpd.modeldir.text import TokenText
 from fluidpd_sidecar.config import SidecarConfig
 from fluidpd_sidecar.errors import BadRequest, Conflict
 from fluidpd_sidecar.halves import check_half
 from fluidpd_sidecar.metrics import SidecarMetrics
 from fluidpd_sidecar.peers import Peers
+from fluidpd_sidecar.sglang.fluidrole import RoleDriver, SwitchGauges
 from fluidpd_sidecar.sglang.fluidtoken import DecodeSplits, PrefillPlanner
 from fluidpd_sidecar.sglang.observe import pressure_report, step_gauges
 from fluidpd_sidecar.sglang.server import SglangError, SglangServer
@@ -110,6 +115,8 @@ class _Half:
     req: Request
     events: asyncio.Queue[DecodeEvent | None] = field(default_factory=asyncio.Queue)
     task: asyncio.Task[None] | None = None
+    #: The prefill peer of a decode half (a draining decode worker asks it to release).
+    prefill_url: str = ""
 
 
 class SglangService:
@@ -124,11 +131,9 @@ class SglangService:
         self.cfg = cfg
         self.server = server
         self.text = text
-        self.role = cfg.role
         self.exit_on_failure = exit_on_failure
         #: Set when SGLang could not be started or died for good (NotReady with this reason).
         self.failed: str | None = None
-        self.retiring = False
         self.halves: dict[int, _Half] = {}
         self._bootstraps: dict[str, tuple[str, int]] = {}
         #: The hook's last snapshot of SGLang's scheduler (``fluidpd_sidecar.sglang.hook``).
@@ -145,6 +150,21 @@ class SglangService:
             self._prefill_sglang, self._abort_sglang, hook_url, cfg.budget_refresh_s,
         )  # fmt: skip
         self.splits = DecodeSplits(cfg.profile, cfg.slo, cfg.token_cfg, hook_url)
+        self.fluidrole = RoleDriver(self)
+        self.metrics.registry.register(SwitchGauges(self.fluidrole))
+
+    @property
+    def role(self) -> Role:
+        return self.fluidrole.role
+
+    @property
+    def retiring(self) -> bool:
+        return self.fluidrole.sm.retiring
+
+    @property
+    def client(self) -> aiohttp.ClientSession:
+        assert self._client is not None, "the service is not started"
+        return self._client
 
     # -- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -158,6 +178,7 @@ class SglangService:
         self.planner.start()
 
     async def stop(self) -> None:
+        await self.fluidrole.stop()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -189,15 +210,19 @@ class SglangService:
     async def _poll_hook(self) -> None:
         """The hook's snapshot, refreshed every 50 ms (the router polls /pressure at 2 Hz and
         the controller reads it; scraping must not wait on SGLang)."""
-        url = f"http://127.0.0.1:{self.server.cfg.hook_port}/"
         assert self._client is not None
         while True:
             if self.server.healthy:
                 with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
-                    async with self._client.get(url, timeout=_SHORT) as r:
-                        if r.status == 200:
-                            self.snapshot = await r.json(content_type=None)
+                    await self.refresh_snapshot()
+                await self.fluidrole.sync_engine()
             await asyncio.sleep(0.05)
+
+    async def refresh_snapshot(self) -> None:
+        url = f"http://127.0.0.1:{self.server.cfg.hook_port}/"
+        async with self.client.get(url, timeout=_SHORT) as r:
+            if r.status == 200:
+                self.snapshot = await r.json(content_type=None)
 
     def ready(self) -> tuple[bool, str]:
         if self.failed:
@@ -206,6 +231,8 @@ class SglangService:
             return False, "SGLang starting" if self.server.starts <= 1 else "SGLang restarting"
         if self.retiring:
             return False, "retiring"
+        if self.fluidrole.sm.accepting and not self.fluidrole.engine_in_role():
+            return False, f"SGLang starting as {self.role.value}"
         return True, "ready"
 
     # -- signals ------------------------------------------------------------------------------
@@ -236,9 +263,11 @@ class SglangService:
             in_flight=len(self.halves),
         )
         if self.role is Role.PREFILL:
-            return report.model_copy(update={"stolen_tokens": self.planner.stolen_tokens})
-        budget = self.splits.budget(snap, report, admitting=not self.retiring)
-        return report.model_copy(update={"steal_budget": budget})
+            report = report.model_copy(update={"stolen_tokens": self.planner.stolen_tokens})
+        else:
+            budget = self.splits.budget(snap, report, admitting=not self.retiring)
+            report = report.model_copy(update={"steal_budget": budget})
+        return self.fluidrole.report(report)
 
     def budget(self) -> float:
         return self.pressure().steal_budget if self.role is Role.DECODE else 0.0
@@ -256,36 +285,31 @@ class SglangService:
         return self.budget()
 
     def role_status(self) -> RoleStatus:
-        return RoleStatus(
-            worker=self.cfg.worker_id,
-            role=self.role,
-            state=RoleState.ACTIVE,
-            target=None,
-            since=0.0,
-            switches=0,
-            retiring=self.retiring,
-        )
+        return self.fluidrole.status()
 
-    def request_role(self, role: Role) -> RoleStatus:
-        if role is self.role:
-            return self.role_status()
-        raise Conflict(
-            "in-place role switching is not implemented for the sglang engine yet "
-            "(SGLang 0.5.17 has none)"
-        )
+    def request_role(self, body: RoleRequest) -> RoleStatus:
+        return self.fluidrole.request(body)
 
-    def retire(self) -> RoleStatus:
+    def retire(self, body: RetireRequest | None = None) -> RoleStatus:
         """Scale-in: take no more halves; /pressure says ``drained`` once none is in flight."""
-        self.retiring = True
-        return self.role_status()
+        return self.fluidrole.retire(body or RetireRequest())
+
+    def cancel_retire(self) -> RoleStatus:
+        return self.fluidrole.cancel_retire()
+
+    async def release(self, rid: int) -> bool:
+        return await self.fluidrole.release(rid)
 
     def bootstrap_info(self) -> dict[str, Any]:
         cfg = self.server.cfg
         return {
-            "mode": cfg.mode,
+            # SGLang's live role (a FluidRole worker is launched as decode and flipped).
+            "mode": self.snapshot.get("mode", cfg.mode),
             "bootstrap_host": urlparse(self.cfg.url).hostname or cfg.host,
             "bootstrap_port": cfg.bootstrap_port,
             "pid": self.server.pid,
+            # The scheduler process, where a role switch happens (the hook's own pid).
+            "scheduler_pid": self.snapshot.get("pid"),
             "url": cfg.url,
             "start_s": self.server.start_s,
             "restarts": self.server.restarts,
@@ -295,6 +319,9 @@ class SglangService:
     def _check(self, half: RequestHalf, role: Role) -> None:
         if self.role is not role:
             raise Conflict(f"worker {self.cfg.worker_id} is {self.role.value}, not {role.value}")
+        if not self.fluidrole.sm.accepting:
+            state = self.fluidrole.sm.state.value
+            raise Conflict(f"worker {self.cfg.worker_id} is {state}; not taking work")
         ok, why = self.ready()
         if not ok:
             raise Conflict(f"worker {self.cfg.worker_id} not taking work: {why}")
@@ -318,6 +345,7 @@ class SglangService:
             return await self._prefill_sglang(half, half.prompt_ids)
         finally:
             self.halves.pop(half.rid, None)
+            self.fluidrole.repair.discard(half.rid)
 
     async def _prefill_sglang(self, half: PrefillHalf, ids: list[int]) -> PrefillOutcome:
         """``ids`` (the prompt, or the prefix FluidToken left here) through SGLang's prefill
@@ -331,6 +359,8 @@ class SglangService:
                     return PrefillOutcome(status="cancelled", detail=f"SGLang: {text[:200]}")
                 meta = (await r.json(content_type=None)).get("meta_info") or {}
             if (meta.get("finish_reason") or {}).get("type") == "abort":
+                if half.rid in self.fluidrole.repair:  # turned back by a drain: pair again
+                    return PrefillOutcome(status="reroute", detail="worker draining")
                 return PrefillOutcome(status="cancelled", detail="aborted")
             return PrefillOutcome(status="done", stolen=0)
         except (aiohttp.ClientError, TimeoutError) as exc:
@@ -338,6 +368,9 @@ class SglangService:
         except asyncio.CancelledError:
             await self._abort_sglang(half.rid)
             raise
+
+    async def peer_post(self, url: str, path: str, body: Abort) -> dict[str, Any]:
+        return await self.peers.post(url, path, body)
 
     async def _peer_bootstrap(self, prefill_url: str) -> tuple[str, int]:
         hit = self._bootstraps.get(prefill_url)
@@ -361,6 +394,7 @@ class SglangService:
     def accept_decode(self, half: DecodeHalf) -> AsyncIterator[bytes]:
         self._check(half, Role.DECODE)
         state = _Half(Request(half.rid, half.arrival, half.prompt_len, half.max_new_tokens))
+        state.prefill_url = half.prefill_url
         self.halves[half.rid] = state
         state.task = asyncio.create_task(self._decode(half, state), name=f"decode-{half.rid}")
         return self._events(half.rid, state)
@@ -409,12 +443,16 @@ class SglangService:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
+            if half.rid in self.fluidrole.repair and not seen:  # turned back by a drain
+                state.events.put_nowait(DecodeEvent(event="reroute", detail="worker draining"))
+                return
             log.warning("decode half %d failed: %s", half.rid, exc)
             state.events.put_nowait(DecodeEvent(event="error", detail=str(exc)[:300]))
         finally:
             if seen < half.max_new_tokens and stream.finish is not None:
                 # Stopped by FluidPD (a stop string) before SGLang would have: free it there.
                 await self._abort_sglang(half.rid)
+            self.fluidrole.repair.discard(half.rid)
             state.events.put_nowait(None)
 
     def _emit(self, state: _Half, stream: OutputStream, t: float, final: bool = False) -> None:
@@ -437,6 +475,9 @@ class SglangService:
             self.halves.pop(rid, None)
             if state.task is not None and not state.task.done():
                 state.task.cancel()  # the router went away: closing SGLang's stream aborts it
+
+    async def abort_sglang(self, rid: int) -> None:
+        await self._abort_sglang(rid)
 
     async def _abort_sglang(self, rid: int) -> None:
         if self._client is None:
