@@ -49,19 +49,6 @@ def _free_ports(n: int) -> list[int]:
     return ports
 
 
-@pytest.fixture(scope="module")
-def sglang_python() -> str:
-    out = subprocess.run(
-        ["sh", str(ROOT / "scripts/sglang/mkvenv.sh")],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=900,
-    )
-    assert out.returncode == 0, f"mkvenv.sh failed: {out.stderr[-2000:]}"
-    return out.stdout.strip().splitlines()[-1]
-
-
 def _wait_ready(url: str, procs: list[subprocess.Popen[bytes]], timeout: float) -> None:
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
