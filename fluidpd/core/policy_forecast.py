@@ -53,6 +53,24 @@ class Demand:
     #: Arrivals the estimate rests on, and whether a whole window has been seen.
     samples: int = 0
     full_window: bool = False
+    #: The busiest recent rate the arrivals show beyond Poisson noise (requests per second;
+    #: see ``DemandWindow``); 0 when unknown. The donor phase of a switch must carry it.
+    peak_rate: float = 0.0
+
+    @property
+    def burst(self) -> Demand:
+        """This demand at the busiest rate seen recently (never below the window's rate)."""
+        if self.peak_rate <= self.rate:
+            return self
+        return Demand(
+            self.peak_rate,
+            self.prompt,
+            self.output,
+            self.prefill_s,
+            self.samples,
+            self.full_window,
+            self.peak_rate,
+        )
 
     @property
     def reliable(self) -> bool:
@@ -88,6 +106,10 @@ class Forecast:
     drain_s: float
     gain: float
     cost: float
+    #: The donor phase's load ratio after the switch at the recent peak rate (``Demand.burst``):
+    #: a switch that would overload the phase it takes the worker from only moves the
+    #: bottleneck, and the next burst reverses it.
+    donor_after: float = 0.0
 
 
 def excess(ratio: float) -> float:
@@ -198,7 +220,12 @@ class CapacityModel:
         drain = self.drain_seconds(d, source, migrate)
         gain = horizon_s * (excess(before) - excess(after))
         cost = drain * excess(during)
-        return Forecast(before, after, during, drain, gain, cost)
+        peak, left = d.burst, split.after(source)
+        if source is Role.DECODE:
+            donor = scale * self.decode_ratio(peak, left.n_decode)
+        else:
+            donor = p_scale * self.prefill_ratio(peak, left.n_prefill)
+        return Forecast(before, after, during, drain, gain, cost, donor)
 
 
 #: Observed decode pressure at or above this is censored (DPI_adm cannot exceed 1; the excess
@@ -240,6 +267,11 @@ class DemandWindow:
 
     prefill: PrefillPredictor
     window_s: float = 60.0
+    #: Peak-rate bins: arrivals are also counted per ``bin_s`` seconds over the last
+    #: ``hold_s`` (the time a switched split is held before it may be reversed).
+    bin_s: float = 30.0
+    hold_s: float = 300.0
+    _bins: deque[list[float]] = field(default_factory=deque)
     _items: deque[tuple[float, int, int, float]] = field(default_factory=deque)
     _first: float | None = None
     _prompt: float = 0.0
@@ -254,6 +286,25 @@ class DemandWindow:
         self._prefill_s += pre
         if self._first is None:
             self._first = t
+        index = float(math.floor(t / self.bin_s))
+        if self._bins and self._bins[-1][0] == index:
+            self._bins[-1][1] += 1
+        else:
+            self._bins.append([index, 1.0])
+
+    def peak_rate(self, now: float) -> float:
+        """The highest rate of a completed bin in the hold period, less one Poisson standard
+        error (``(n - sqrt(n)) / bin_s``): a burst the arrivals show beyond noise, so that a
+        steady Poisson stream's peak stays near its mean."""
+        bins = self._bins
+        current = math.floor(now / self.bin_s)
+        while bins and (bins[0][0] + 1) * self.bin_s <= now - self.hold_s:
+            bins.popleft()
+        best = 0.0
+        for index, n in bins:
+            if index < current:
+                best = max(best, (n - math.sqrt(n)) / self.bin_s)
+        return best
 
     def demand(self, now: float) -> Demand:
         items = self._items
@@ -275,13 +326,24 @@ class DemandWindow:
             self._prefill_s / n,
             n,
             seen >= self.window_s,
+            self.peak_rate(now),
         )
 
 
 def clearly_worth(f: Forecast, margin: float) -> bool:
     """Switch only if the forecast gain beats the cost with a margin (gain >= (1 + margin) x
-    cost) and the bottleneck falls by at least ``margin`` of its value: a gain inside the
-    forecast's own error is no reason to pay a drain."""
-    if math.isnan(f.gain) or math.isnan(f.cost):
+    cost), the bottleneck falls by at least ``margin`` of its value (a gain inside the
+    forecast's own error is no reason to pay a drain), and the donor phase keeps within its
+    SLO capacity at the recent peak rate (``donor_after < 1``). The last is what predicts
+    across a reversal: a switch that overloads its donor gains only while the receiving
+    phase is the worse one, and is reversed (within the reversal cooldown, paying a second
+    drain) as soon as the load shifts back; the predictors compare the two phases' overloads
+    too roughly to trade one for the other."""
+    if math.isnan(f.gain) or math.isnan(f.cost) or math.isnan(f.donor_after):
         return False
-    return f.gain > 0 and f.gain >= (1.0 + margin) * f.cost and f.after <= f.before * (1 - margin)
+    return (
+        f.gain > 0
+        and f.gain >= (1.0 + margin) * f.cost
+        and f.after <= f.before * (1 - margin)
+        and f.donor_after < 1.0
+    )

@@ -61,9 +61,10 @@ def test_switch_taken_only_when_forecast_gain_beats_cost(
     policy = FluidRolePolicy(CFG, MODEL)
     d = demand(rate, prompt, output)
     decision = policy.observe(0.0, fleet(n_p, n_d, 3.0, 0.05, 0.05), d)
-    # What the policy observed: decode DPI 0.05 (settled: a full window, no switch yet) and
-    # PPI-bar 3.0.
-    f = MODEL.forecast(d, Split(n_p, n_d), Role.DECODE, CFG.horizon_s, True, 0.05, 3.0)
+    # What the policy observed: decode DPI 0.05 (settled: a full window, no switch yet; the
+    # pool average as the policy sums it) and PPI-bar 3.0.
+    observed = sum([0.05] * n_d) / n_d
+    f = MODEL.forecast(d, Split(n_p, n_d), Role.DECODE, CFG.horizon_s, True, observed, 3.0)
     assert repr(policy.last_forecast) == repr(f)  # repr: nan == nan
     took = isinstance(decision, SwitchDecision)
     assert took == clearly_worth(f, CFG.gain_margin)
