@@ -36,7 +36,14 @@ from fluidpd.core.predictors import DecodeIterPredictor, PrefillPredictor
 from fluidpd.core.profile import Profile
 from fluidpd.core.types import SLO, Role
 
-MIN_DEMAND_SAMPLES = 100
+#: Fewest arrivals a forecast rests on. Below it the rate's error bound (``RATE_Z`` standard
+#: errors, below) passes 45 % and the bounded forecast is no forecast.
+MIN_DEMAND_SAMPLES = 20
+#: Standard errors of the Poisson rate estimate (1/sqrt(n) relative) the forecast allows for:
+#: the gain is counted at the lower bound of the rate and the donor checked at the upper one,
+#: so that a switch decided on few arrivals is taken only when it is clear whatever the
+#: estimate's error, and one decided on many is not held back by a fixed sample count.
+RATE_Z = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,12 +65,20 @@ class Demand:
     peak_rate: float = 0.0
 
     @property
-    def burst(self) -> Demand:
-        """This demand at the busiest rate seen recently (never below the window's rate)."""
-        if self.peak_rate <= self.rate:
-            return self
+    def reliable(self) -> bool:
+        """Enough arrivals for the rate's error bound to mean something."""
+        return self.samples >= MIN_DEMAND_SAMPLES
+
+    @property
+    def rate_error(self) -> float:
+        """Relative error bound of the rate: ``RATE_Z / sqrt(samples)`` (Poisson), at most 1."""
+        if self.samples <= 0:
+            return 1.0
+        return min(1.0, RATE_Z / math.sqrt(self.samples))
+
+    def at_rate(self, rate: float) -> Demand:
         return Demand(
-            self.peak_rate,
+            rate,
             self.prompt,
             self.output,
             self.prefill_s,
@@ -73,9 +88,15 @@ class Demand:
         )
 
     @property
-    def reliable(self) -> bool:
-        """Enough arrivals for a rate within about 10 % (Poisson: 1/sqrt(n))."""
-        return self.samples >= MIN_DEMAND_SAMPLES
+    def low(self) -> Demand:
+        """This demand at the lower bound of its rate (where a switch's gain is counted)."""
+        return self.at_rate(self.rate * (1.0 - self.rate_error))
+
+    @property
+    def burst(self) -> Demand:
+        """This demand at the busiest rate it may bring soon: the upper bound of the rate, or
+        the recent peak if that is higher (the donor of a switch must carry it)."""
+        return self.at_rate(max(self.peak_rate, self.rate * (1.0 + self.rate_error)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,15 +235,24 @@ class CapacityModel:
         the load changes with the pool size."""
         scale = decode_scale(self.decode_ratio(d, split.n_decode), observed_decode)
         p_scale = prefill_scale(self.prefill_ratio(d, split.n_prefill), observed_prefill)
-        before = self.bottleneck(d, split, scale, p_scale)
-        after = self.bottleneck(d, split.after(source), scale, p_scale)
-        during = self.bottleneck(d, split.during(source), scale, p_scale)
+        low = d.low
+        before = self.bottleneck(low, split, scale, p_scale)
+        after = self.bottleneck(low, split.after(source), scale, p_scale)
+        during = self.bottleneck(low, split.during(source), scale, p_scale)
         drain = self.drain_seconds(d, source, migrate)
         gain = horizon_s * (excess(before) - excess(after))
         cost = drain * excess(during)
         peak, left = d.burst, split.after(source)
         if source is Role.DECODE:
-            donor = scale * self.decode_ratio(peak, left.n_decode)
+            # A prefill pool still over capacity after the switch hands its excess to the
+            # decode workers (FluidToken steals suffixes up to their TPOT budget, and queued
+            # requests hold the decode KV reserved at dispatch), which eq. (13) does not see.
+            # Until the decode pool's observation calibrates the model (it lags the demand),
+            # such a donor must then hold whatever calibration the observation may bring.
+            bound = scale
+            if observed_decode is None and p_scale * self.prefill_ratio(peak, left.n_prefill) >= 1:
+                bound = MAX_SCALE
+            donor = bound * self.decode_ratio(peak, left.n_decode)
         else:
             donor = p_scale * self.prefill_ratio(peak, left.n_prefill)
         return Forecast(before, after, during, drain, gain, cost, donor)
@@ -233,6 +263,10 @@ class CapacityModel:
 _CENSORED = 0.95
 
 
+#: The calibration corrects the model by at most this factor either way.
+MAX_SCALE = 4.0
+
+
 def decode_scale(modelled: float, observed: float | None) -> float:
     """Observed / modelled decode ratio for the current split, within [1/4, 4]."""
     if observed is None or not math.isfinite(modelled) or modelled <= 0:
@@ -240,7 +274,7 @@ def decode_scale(modelled: float, observed: float | None) -> float:
     scale = observed / modelled
     if observed >= _CENSORED:
         scale = max(scale, 1.0)
-    return min(4.0, max(0.25, scale))
+    return min(MAX_SCALE, max(1.0 / MAX_SCALE, scale))
 
 
 #: PPI-bar above this says little more (an expired deadline makes it huge): the prefill
@@ -257,7 +291,7 @@ def prefill_scale(modelled: float, observed_ppi: float | None) -> float:
     observed = min(observed_ppi, _PPI_CAP)
     if observed <= 1.0:
         return 1.0
-    return min(4.0, max(1.0, observed / modelled))
+    return min(MAX_SCALE, max(1.0, observed / modelled))
 
 
 @dataclass(slots=True)
