@@ -17,6 +17,7 @@ from fluidpd.core.fluidrole import (
 )
 from fluidpd.core.fluidtoken import FluidTokenConfig
 from fluidpd.core.policy_forecast import (
+    MAX_SCALE,
     CapacityModel,
     Demand,
     DemandWindow,
@@ -248,3 +249,24 @@ def test_peak_rate_sees_bursts_beyond_poisson_noise() -> None:
     assert d.rate < 12.0 and d.peak_rate > 15.0
     # Bins older than the hold period are forgotten.
     assert bursty.demand(90.0 + bursty.hold_s).peak_rate < 2.0
+
+
+def test_uncalibrated_donor_of_a_switch_that_leaves_prefill_overloaded_must_hold_any_scale() -> (
+    None
+):
+    # 6 req/s of 8.5K-token prompts on 2P2D: P3 is still over its TTFT headroom, so
+    # FluidToken would push the excess onto the one decode worker left.
+    d = demand(6.0, 8500, 100)
+    split = Split(2, 2)
+    assert MODEL.prefill_ratio(d.burst, 3) >= 1.0
+    donor = MODEL.decode_ratio(d.burst, 1)
+    assert donor < 1.0 <= MAX_SCALE * donor
+    calibrated = MODEL.forecast(d, split, Role.DECODE, CFG.horizon_s, True, 0.1, 3.0)
+    unsettled = MODEL.forecast(d, split, Role.DECODE, CFG.horizon_s, True, None, 3.0)
+    assert calibrated.donor_after < 1.0 <= unsettled.donor_after
+    assert clearly_worth(calibrated, CFG.gain_margin) != clearly_worth(unsettled, CFG.gain_margin)
+    # A switch that brings prefill within capacity keeps the plain model's donor.
+    light = demand(3.0, 8500, 100)
+    assert MODEL.prefill_ratio(light.burst, 3) < 1.0
+    f = MODEL.forecast(light, split, Role.DECODE, CFG.horizon_s, True, None, 0.9)
+    assert math.isclose(f.donor_after, MODEL.decode_ratio(light.burst, 1))
