@@ -1,6 +1,6 @@
 """The router's app factory: it wires the route modules (``routes_openai``: completions, chat,
 models; ``routes_admin``: ``/admin/*``; ``routes_health``: ``/healthz``, ``/metrics``) to one
-shared context, the error bodies and the OpenAPI document."""
+shared context, the error bodies and the OpenAPI document (``openapi.py``)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,11 @@ from fastapi import FastAPI
 from fluidpd import __version__
 from fluidpd.core.pairing import LeastLoadedPairing, Pairing, RoundRobinPairing
 from fluidpd.core.signals import allocatable_kv
-from fluidpd.router import errors, openapi, routes_admin, routes_health, routes_openai
+from fluidpd.router import errors, routes_admin, routes_health, routes_openai
 from fluidpd.router.config import RouterConfig
 from fluidpd.router.context import RouterContext
 from fluidpd.router.dispatch import Dispatcher
+from fluidpd.router.openapi import components
 from fluidpd.router.prompts import Prompter
 from fluidpd.router.workers import WorkerSet
 
@@ -64,8 +65,9 @@ def create_app(cfg: RouterConfig, prompter: Prompter) -> FastAPI:
 
     app = FastAPI(title="FluidPD router", version=__version__, lifespan=lifespan)
     app.include_router(routes_health.routes(ctx))
-    app.include_router(routes_openai.routes(ctx))
+    docs = components(cfg, prompter.vocab_size)
+    app.include_router(routes_openai.routes(ctx, docs))
     app.include_router(routes_admin.routes(ctx))
     errors.install(app)
-    openapi.install(app)
+    docs.install(app)
     return app

@@ -2,29 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from fluidpd.api.http import first_error
 
 
 def error(status: int, message: str, kind: str = "invalid_request_error") -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status)
-
-
-def first_error(errors: Sequence[Any]) -> str:
-    """Pydantic's first error as one line that starts with the field's name."""
-    if not errors:
-        return "invalid request"
-    first = errors[0]
-    where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
-    if first.get("type") == "extra_forbidden":
-        msg = "unknown or unsupported field"
-    else:
-        msg = str(first.get("msg", "invalid")).removeprefix("Value error, ")
-    return f"{where}: {msg}" if where else msg
 
 
 def install(app: FastAPI) -> None:
@@ -34,6 +21,8 @@ def install(app: FastAPI) -> None:
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         return error(400, first_error(exc.errors()))
 
-    @app.exception_handler(HTTPException)
+    @app.exception_handler(HTTPException)  # FastAPI's and Starlette's (404, 405)
     async def _http(_: Request, exc: HTTPException) -> JSONResponse:
-        return error(exc.status_code, str(exc.detail))
+        reply = error(exc.status_code, str(exc.detail))
+        reply.headers.update(exc.headers or {})  # 405's Allow
+        return reply

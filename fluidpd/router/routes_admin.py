@@ -7,13 +7,16 @@ import logging
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, HTTPException
-from pydantic import AnyHttpUrl, BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 from fluidpd.router.context import RouterContext
 
 log = logging.getLogger("fluidpd.router")
 
 _WORKER_ID = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+#: A sidecar's base URL: http(s), a host name, IPv4 or [IPv6] address, a port, a path. A
+#: pattern, not pydantic's URL type, so that the schema says exactly what is taken.
+_URL = r"^https?://([A-Za-z0-9.-]+|\[[0-9A-Fa-f:.]+\])(:[0-9]{1,5})?(/[A-Za-z0-9._~%/-]*)?$"
 
 
 class WorkerList(BaseModel):
@@ -21,20 +24,27 @@ class WorkerList(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    workers: dict[Annotated[str, StringConstraints(pattern=_WORKER_ID)], AnyHttpUrl] = Field(
-        min_length=1, max_length=4096, description="worker id -> sidecar URL (http or https)"
+    workers: dict[
+        Annotated[str, StringConstraints(pattern=_WORKER_ID)],
+        Annotated[str, StringConstraints(pattern=_URL, max_length=2083)],
+    ] = Field(
+        min_length=1,
+        max_length=4096,
+        description="worker id -> sidecar URL (http or https); two workers never share one",
+        # patternProperties alone would let any other key through.
+        json_schema_extra={"additionalProperties": False},
     )
 
     @field_validator("workers")
     @classmethod
-    def _distinct_urls(cls, v: dict[str, AnyHttpUrl]) -> dict[str, AnyHttpUrl]:
-        urls = [str(u).rstrip("/") for u in v.values()]
+    def _distinct_urls(cls, v: dict[str, str]) -> dict[str, str]:
+        urls = [u.rstrip("/") for u in v.values()]
         if len(set(urls)) != len(urls):
             raise ValueError("two workers share one URL")
         return v
 
     def urls(self) -> dict[str, str]:
-        return {w: str(u).rstrip("/") for w, u in self.workers.items()}
+        return {w: u.rstrip("/") for w, u in self.workers.items()}
 
 
 def routes(ctx: RouterContext) -> APIRouter:

@@ -17,7 +17,16 @@ def routes(ctx: RouterContext) -> APIRouter:
     async def healthz() -> str:
         return "ok"
 
-    @router.get("/metrics")
+    @router.get(
+        "/metrics",
+        response_class=PlainTextResponse,
+        responses={
+            200: {
+                "description": "Prometheus text exposition",
+                "content": {"text/plain": {"schema": {"type": "string"}}},
+            }
+        },
+    )
     async def prom() -> Response:
         ctx.metrics.retries.set(ctx.dispatcher.retries)
         return Response(generate_latest(ctx.metrics.registry), media_type=CONTENT_TYPE_LATEST)

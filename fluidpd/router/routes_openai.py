@@ -15,12 +15,13 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ValidationError
 
+from fluidpd.api.http import BodyError, Components, first_error, parse_json
 from fluidpd.api.sampling import SamplingParams
 from fluidpd.router.context import RouterContext
 from fluidpd.router.dispatch import Job, RequestFailed
-from fluidpd.router.errors import error, first_error
+from fluidpd.router.errors import error
 from fluidpd.router.openai_models import ChatCompletionRequest, CompletionRequest
-from fluidpd.router.openapi import body_schema
+from fluidpd.router.openapi import SERVING
 from fluidpd.router.prompts import PromptError
 from fluidpd.router.responses import Api, Reply
 
@@ -35,12 +36,13 @@ async def _disconnected(request: Request) -> None:
 
 
 def _parse(model: type[M], raw: bytes) -> M:
-    """Validates the body straight from bytes (pydantic's JSON parser), which takes a
-    fraction of FastAPI's parse-then-validate on the hottest path."""
+    """Validates the body straight from bytes (pydantic's strict JSON mode: exactly what the
+    schema allows), which also takes a fraction of FastAPI's parse-then-validate on the
+    hottest path."""
     try:
-        return model.model_validate_json(raw)
-    except ValidationError as exc:
-        raise HTTPException(400, first_error(exc.errors())) from None
+        return parse_json(model, raw)
+    except BodyError as exc:
+        raise HTTPException(400, str(exc)) from None
 
 
 async def _tokenized(coro: Awaitable[list[int]]) -> list[int]:
@@ -167,12 +169,12 @@ class _Server:
         return JSONResponse(reply.body(job.finish_reason or "length", job.tokens))
 
 
-def routes(ctx: RouterContext) -> APIRouter:
+def routes(ctx: RouterContext, docs: Components) -> APIRouter:
     router = APIRouter()
     server = _Server(ctx)
     cfg, prompter = ctx.cfg, ctx.prompter
 
-    @router.get("/v1/models")
+    @router.get("/v1/models", responses={200: {"description": "the one model served"}})
     async def models() -> dict[str, Any]:
         return {
             "object": "list",
@@ -181,8 +183,9 @@ def routes(ctx: RouterContext) -> APIRouter:
 
     @router.post(
         "/v1/completions",
-        openapi_extra={"requestBody": body_schema(CompletionRequest)},
-        responses={400: {"description": "invalid request"}, 404: {"description": "unknown model"}},
+        openapi_extra=docs.body(CompletionRequest),
+        response_class=Response,
+        responses=SERVING,
     )
     async def completions(request: Request) -> Response:
         body = _parse(CompletionRequest, await request.body())
@@ -208,8 +211,9 @@ def routes(ctx: RouterContext) -> APIRouter:
 
     @router.post(
         "/v1/chat/completions",
-        openapi_extra={"requestBody": body_schema(ChatCompletionRequest)},
-        responses={400: {"description": "invalid request"}, 404: {"description": "unknown model"}},
+        openapi_extra=docs.body(ChatCompletionRequest),
+        response_class=Response,
+        responses=SERVING,
     )
     async def chat(request: Request) -> Response:
         body = _parse(ChatCompletionRequest, await request.body())
@@ -217,6 +221,9 @@ def routes(ctx: RouterContext) -> APIRouter:
             raise HTTPException(400, "top_logprobs: needs logprobs = true")
         messages = [m.model_dump(exclude_none=True) for m in body.messages]
         ids = await _tokenized(prompter.chat_prompt_ids(messages))
+        if body.max_completion_tokens and body.max_tokens:
+            # The one ignored (max_completion_tokens wins, as OpenAI's) is held to its bound too.
+            server.budget(body.model, len(ids), body.max_tokens, 256)
         max_tokens = body.max_completion_tokens or body.max_tokens
         max_new = server.budget(body.model, len(ids), max_tokens, 256)
         sampling = server.sampling(body, max_new, body.logprobs, body.top_logprobs or 0)
