@@ -24,6 +24,8 @@ CROSS_FIELD_RULES = (
      "prompt length + max_tokens"),
     # The served model's chat template (Jinja) has rules of its own, e.g. role order.
     (400, r"^messages: the chat template refused them", "the model's chat template"),
+    # The router's worker set: two workers with one URL (JSON Schema has no unique values).
+    (400, r"^workers: two workers share one URL$", "distinct values of an object"),
     # A sidecar: prompt_ids length + sampling.max_new_tokens.
     (400, r"^prompt_ids: \d+ tokens \+ max_new_tokens \(\d+\) exceed the context limit",
      "len(prompt_ids) + max_new_tokens"),
