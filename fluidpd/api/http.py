@@ -10,11 +10,13 @@ body's nested models added to the document's shared components.
 
 from __future__ import annotations
 
+import hmac
 import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI, HTTPException
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ValidationError
 
 M = TypeVar("M", bound=BaseModel)
@@ -170,3 +172,28 @@ def token_bounds(
                     bound_ints(props[field], maximum=context_limit - 1)
 
     return patch
+
+
+_BEARER = HTTPBearer(auto_error=False, description="the deployment's admin token")
+
+
+def _open() -> None:
+    """No admin token configured: the routes are open (and the document claims no scheme)."""
+
+
+def bearer_gate(token: str | None) -> Any:
+    """The dependency that gates a route on ``Authorization: Bearer <token>`` (401 with
+    ``WWW-Authenticate`` otherwise); it also puts the HTTP bearer scheme in the OpenAPI, so a
+    client (and schemathesis' ``ignored_auth``) knows which routes need the token."""
+    if not token:
+        return Depends(_open)
+    expected = token.encode()
+
+    def admin(creds: HTTPAuthorizationCredentials | None = Depends(_BEARER)) -> None:  # noqa: B008
+        # Bytes: compare_digest refuses non-ASCII str, and a header may hold any latin-1 byte.
+        if creds is None or not hmac.compare_digest(creds.credentials.encode(), expected):
+            raise HTTPException(
+                401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"}
+            )
+
+    return Depends(admin)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import hmac
 import logging
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, HTTPException
+from fastapi import APIRouter, HTTPException
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
+from fluidpd.api.http import bearer_gate
 from fluidpd.router.context import RouterContext
 
 log = logging.getLogger("fluidpd.router")
@@ -50,17 +50,12 @@ class WorkerList(BaseModel):
 def routes(ctx: RouterContext) -> APIRouter:
     cfg, workers = ctx.cfg, ctx.workers
 
-    def admin(authorization: Annotated[str | None, Header()] = None) -> None:
-        if cfg.admin_token and (
-            authorization is None
-            or not hmac.compare_digest(authorization, f"Bearer {cfg.admin_token}")
-        ):
-            raise HTTPException(401, "missing or wrong bearer token")
-
     unauthorized: dict[int | str, dict[str, Any]] = {
         401: {"description": "missing or wrong bearer token"}
     }
-    router = APIRouter(prefix="/admin", dependencies=[Depends(admin)], responses=unauthorized)
+    router = APIRouter(
+        prefix="/admin", dependencies=[bearer_gate(cfg.admin_token)], responses=unauthorized
+    )
 
     @router.get("/stats")
     async def stats() -> dict[str, Any]:

@@ -7,12 +7,11 @@ read. Each route's OpenAPI lists the statuses it answers with."""
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, Protocol, TypeVar
 
-from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -21,7 +20,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
 from fluidpd import __version__
-from fluidpd.api.http import DETAIL_ERROR, BodyError, Components, errors, first_error, parse_json
+from fluidpd.api.http import (
+    DETAIL_ERROR,
+    BodyError,
+    Components,
+    bearer_gate,
+    errors,
+    first_error,
+    parse_json,
+)
 from fluidpd.api.internal import PressureReport, RoleStatus
 from fluidpd_sidecar.service import BadRequest, Conflict, NotFound
 
@@ -113,14 +120,6 @@ def worker_app(
 
     app = FastAPI(title=title, version=__version__, lifespan=lifespan)
 
-    def admin(authorization: Annotated[str | None, Header()] = None) -> None:
-        token = service.cfg.admin_token
-        if not token:
-            return
-        expected = f"Bearer {token}"
-        if authorization is None or not hmac.compare_digest(authorization, expected):
-            raise HTTPException(401, "missing or wrong bearer token")
-
     @app.exception_handler(Conflict)
     async def _conflict(_: Request, exc: Conflict) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=409)
@@ -181,4 +180,4 @@ def worker_app(
     async def get_role() -> RoleStatus:
         return service.role_status()
 
-    return app, Depends(admin), Bodies(app, patch)
+    return app, bearer_gate(service.cfg.admin_token), Bodies(app, patch)
