@@ -26,7 +26,8 @@ from fluidpd.api.sampling import FinishReason, SampledToken, SamplingParams
 from fluidpd.core.scheduler.worker import Pressure
 from fluidpd.core.types import DrainMode, Role, RoleState
 
-MAX_RID = (1 << 63) - 1
+#: JSON's exact integers (RFC 8259 section 6): a larger one is rounded by many clients' parsers.
+MAX_RID = (1 << 53) - 1
 
 
 class _Model(BaseModel):

@@ -37,7 +37,8 @@ FinishReason = Literal["stop", "length"]
 MAX_TOP_LOGPROBS = 20
 #: Stop strings per request (OpenAI allows 4; vLLM and SGLang more).
 MAX_STOP = 16
-MAX_SEED = (1 << 63) - 1
+#: JSON's exact integers (RFC 8259 section 6): a larger one is rounded by many clients' parsers.
+MAX_SEED = (1 << 53) - 1
 
 
 class SamplingParams(BaseModel):
@@ -85,6 +86,9 @@ class SampledToken:
     ``(id, logprob)`` pairs, most likely first. ``finish`` is set only by an engine that stops
     requests itself (SGLang does its own stopping): this token is the request's last.
     """
+
+    #: Read by pydantic where a model holds one (``Handoff.first``): as strict as the models.
+    __pydantic_config__ = ConfigDict(extra="forbid")
 
     id: int
     logprob: float | None = None

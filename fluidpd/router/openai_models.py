@@ -32,7 +32,7 @@ class _Common(BaseModel):
     max_tokens: int | None = Field(default=None, ge=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = 1
+    n: int = Field(default=1, json_schema_extra={"const": 1})
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
     #: -1 or 0: off (vLLM and SGLang clients send -1).
@@ -42,14 +42,20 @@ class _Common(BaseModel):
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     repetition_penalty: float | None = Field(default=None, gt=0, le=10)
-    stop: str | list[str] | None = None
+    stop: str | list[str] | None = Field(default=None, json_schema_extra={"anyOf": [
+        {"type": "string", "minLength": 1},
+        {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": MAX_STOP},
+        {"type": "null"},
+    ]})  # fmt: skip
     stop_token_ids: list[int] | None = Field(default=None, max_length=1024)
     ignore_eos: bool = False
     #: vLLM's extension: log-prob entries name tokens as ``token_id:<id>`` (exact ids).
     return_tokens_as_token_ids: bool = False
     #: Accepted and ignored, as OpenAI uses it only for abuse monitoring.
     user: str | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, float] | None = Field(default=None, json_schema_extra={
+        "anyOf": [{"type": "object", "maxProperties": 0}, {"type": "null"}]
+    })  # fmt: skip
 
     @field_validator("n")
     @classmethod
@@ -108,12 +114,22 @@ class _Common(BaseModel):
 class CompletionRequest(_Common):
     #: Text, or token ids (what benchmark clients send to get exact prompt lengths); a batch
     #: of one is taken, larger batches are refused.
-    prompt: str | list[int] | list[str] | list[list[int]] = Field(min_length=1)
+    prompt: str | list[int] | list[str] | list[list[int]] = Field(min_length=1, json_schema_extra={
+        "anyOf": [
+            {"type": "string", "minLength": 1},
+            {"type": "array", "items": {"type": "integer"}, "minItems": 1},
+            {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 1},
+            {"type": "array", "minItems": 1, "maxItems": 1,
+             "items": {"type": "array", "items": {"type": "integer"}, "minItems": 1}},
+        ]
+    })  # fmt: skip
     #: Legacy completions: return this many top alternatives (and each token's log-prob).
     logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
-    echo: bool = False
-    best_of: int | None = None
-    suffix: str | None = None
+    echo: bool = Field(default=False, json_schema_extra={"const": False})
+    best_of: int | None = Field(default=None, json_schema_extra={"enum": [1, None]})
+    suffix: str | None = Field(default=None, json_schema_extra={
+        "anyOf": [{"type": "string", "maxLength": 0}, {"type": "null"}]
+    })  # fmt: skip
 
     @field_validator("echo")
     @classmethod
@@ -137,12 +153,21 @@ class CompletionRequest(_Common):
         return suffix
 
 
+_TEXT_PART: Any = {
+    "type": "object",
+    "required": ["type", "text"],
+    "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+}
+
+
 class ChatMessage(BaseModel):
     #: Further keys (``name``, ``tool_calls``, ...) go to the chat template as they are.
     model_config = ConfigDict(extra="allow")
 
     role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str | list[dict[str, object]] | None = None
+    content: str | list[dict[str, object]] | None = Field(default=None, json_schema_extra={
+        "anyOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART}, {"type": "null"}]
+    })  # fmt: skip
 
     @field_validator("content")
     @classmethod
@@ -157,6 +182,12 @@ class ChatMessage(BaseModel):
 
 
 class ChatCompletionRequest(_Common):
+    #: OpenAI's rule: ``top_logprobs`` (above 0) only with ``logprobs: true``.
+    model_config = ConfigDict(json_schema_extra={"anyOf": [
+        {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}},
+        {"properties": {"top_logprobs": {"enum": [0, None]}}},
+    ]})  # fmt: skip
+
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False

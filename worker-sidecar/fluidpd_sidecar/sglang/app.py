@@ -2,9 +2,10 @@
 that the router, controller, operator and dashboards use, served by ``SglangService``, plus
 ``GET /v1/internal/sglang`` (the prefill server's bootstrap address, for decode peers)."""
 
-from __future__ import annotations
+# No ``from __future__ import annotations``: FastAPI must see the ``Annotated`` body
+# dependencies, which are local to create_app, as objects.
 
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
@@ -20,60 +21,70 @@ from fluidpd.api.internal import (
     RoleStatus,
     SuffixCommit,
 )
-from fluidpd_sidecar.http_base import worker_app
+from fluidpd_sidecar.app import HALF, NDJSON, STREAM, bounds
+from fluidpd_sidecar.http_base import INVALID, UNAUTHORIZED, detail, worker_app
 from fluidpd_sidecar.sglang.service import SglangService
-
-NDJSON = "application/x-ndjson"
 
 
 def create_app(service: SglangService) -> FastAPI:
     title = f"FluidPD sglang worker sidecar {service.cfg.worker_id}"
-    app, Admin = worker_app(service, title, service.ready)
+    app, Admin, body = worker_app(service, title, service.ready, bounds(service.cfg))
+    role_body, role_doc = body(RoleRequest)
+    retire_body, retire_doc = body(RetireRequest)
+    prefill_body, prefill_doc = body(PrefillHalf)
+    decode_body, decode_doc = body(DecodeHalf)
+    abort_body, abort_doc = body(Abort)
 
-    @app.post("/role", dependencies=[Admin], responses={409: {"description": "not now"}})
-    async def post_role(body: RoleRequest) -> RoleStatus:
-        return service.request_role(body)
+    switching = detail(s409="a switch or a retirement is under way")
+    suffix_body, suffix_doc = body(SuffixCommit)
+    not_decode = detail(s409="not a decode worker")
 
-    @app.post("/retire", dependencies=[Admin])
-    async def post_retire(body: RetireRequest) -> RoleStatus:
-        return service.retire(body)
+    @app.post("/role", dependencies=[Admin], openapi_extra=role_doc,
+              responses={**UNAUTHORIZED, **INVALID, **switching})  # fmt: skip
+    async def post_role(req: Annotated[RoleRequest, role_body]) -> RoleStatus:
+        return service.request_role(req)
 
-    @app.delete("/retire", dependencies=[Admin])
+    @app.post("/retire", dependencies=[Admin], openapi_extra=retire_doc,
+              responses={**UNAUTHORIZED, **INVALID, **switching})  # fmt: skip
+    async def post_retire(req: Annotated[RetireRequest, retire_body]) -> RoleStatus:
+        return service.retire(req)
+
+    @app.delete("/retire", dependencies=[Admin], responses=UNAUTHORIZED)
     async def delete_retire() -> RoleStatus:
         """Calls off a retirement: the worker returns to service in its role (idempotent)."""
         return service.cancel_retire()
 
-    @app.post("/v1/internal/release", dependencies=[Admin])
-    async def release(body: Abort) -> Released:
-        return Released(released=await service.release(body.rid))
+    @app.post("/v1/internal/release", dependencies=[Admin], openapi_extra=abort_doc,
+              responses={**UNAUTHORIZED, **INVALID})  # fmt: skip
+    async def release(req: Annotated[Abort, abort_body]) -> Released:
+        return Released(released=await service.release(req.rid))
 
-    @app.get("/v1/internal/sglang", dependencies=[Admin])
+    @app.get("/v1/internal/sglang", dependencies=[Admin], responses=UNAUTHORIZED)
     async def sglang_info() -> dict[str, Any]:
         return service.bootstrap_info()
 
-    @app.post("/v1/internal/prefill", dependencies=[Admin])
-    async def prefill(body: PrefillHalf) -> PrefillOutcome:
-        return await service.accept_prefill(body)
+    @app.post("/v1/internal/prefill", dependencies=[Admin], openapi_extra=prefill_doc,
+              responses=HALF)  # fmt: skip
+    async def prefill(half: Annotated[PrefillHalf, prefill_body]) -> PrefillOutcome:
+        return await service.accept_prefill(half)
 
-    @app.post(
-        "/v1/internal/decode",
-        dependencies=[Admin],
-        response_class=StreamingResponse,
-        responses={200: {"content": {NDJSON: {}}, "description": "NDJSON DecodeEvent stream"}},
-    )
-    async def decode(body: DecodeHalf) -> StreamingResponse:
-        return StreamingResponse(service.accept_decode(body), media_type=NDJSON)
+    @app.post("/v1/internal/decode", dependencies=[Admin], openapi_extra=decode_doc,
+              response_class=StreamingResponse, responses={**STREAM, **HALF})  # fmt: skip
+    async def decode(half: Annotated[DecodeHalf, decode_body]) -> StreamingResponse:
+        return StreamingResponse(service.accept_decode(half), media_type=NDJSON)
 
-    @app.post("/v1/internal/abort", dependencies=[Admin])
-    async def abort(body: Abort) -> dict[str, bool]:
-        return {"found": await service.abort(body)}
+    @app.post("/v1/internal/abort", dependencies=[Admin], openapi_extra=abort_doc,
+              responses={**UNAUTHORIZED, **INVALID})  # fmt: skip
+    async def abort(req: Annotated[Abort, abort_body]) -> dict[str, bool]:
+        return {"found": await service.abort(req)}
 
-    @app.get("/v1/internal/budget", dependencies=[Admin])
+    @app.get("/v1/internal/budget", dependencies=[Admin], responses=UNAUTHORIZED)
     async def budget() -> dict[str, Any]:
         return {"worker": service.cfg.worker_id, "budget": service.budget()}
 
-    @app.post("/v1/internal/suffix", dependencies=[Admin])
-    async def suffix(body: SuffixCommit) -> dict[str, Any]:
-        return {"budget": await service.suffix_committed(body)}
+    @app.post("/v1/internal/suffix", dependencies=[Admin], openapi_extra=suffix_doc,
+              responses={**UNAUTHORIZED, **INVALID, **not_decode})  # fmt: skip
+    async def suffix(req: Annotated[SuffixCommit, suffix_body]) -> dict[str, Any]:
+        return {"budget": await service.suffix_committed(req)}
 
     return app
