@@ -120,12 +120,18 @@ class Dispatcher:
     async def _post(self, url: str, body: dict[str, object]) -> aiohttp.ClientResponse:
         return await self.session.post(url, data=orjson.dumps(body), headers=self.headers)
 
-    def _abort(self, worker: WorkerInfo, rid: int, reason: str) -> None:
+    def _abort(
+        self, worker: WorkerInfo, rid: int, reason: str, unless_started: bool = False
+    ) -> None:
+        body: dict[str, object] = {"rid": rid, "reason": reason}
+        if unless_started:
+            body["unless_started"] = True
+
         async def go() -> None:
             with contextlib.suppress(aiohttp.ClientError, TimeoutError):
                 async with self.session.post(
                     f"{worker.url}/v1/internal/abort",
-                    data=orjson.dumps({"rid": rid, "reason": reason}),
+                    data=orjson.dumps(body),
                     headers=self.headers,
                     timeout=aiohttp.ClientTimeout(total=2.0),
                 ):
@@ -175,14 +181,16 @@ class Dispatcher:
 
         def prefill_ended(task: asyncio.Future[str]) -> None:
             # A prefill half that ends badly before the first token: stop the decode half, whose
-            # stream then ends with "cancelled" and the request is re-paired.
+            # stream then ends with "cancelled" and the request is re-paired. Unless its hand-off
+            # got there first (a prefill worker killed, or its call timed out, after sending
+            # the KV): then the decode half goes on, and its first token may be on its way.
             if task.cancelled() or job.tokens:
                 return
             status = task.result()
             log.info("request %d prefill half: %s", job.rid, status)
             if status != "done":
                 failed_prefill.append(status)
-                self._abort(source, job.rid, f"prefill half {status}")
+                self._abort(source, job.rid, f"prefill half {status}", unless_started=True)
 
         prefill.add_done_callback(prefill_ended)
         try:

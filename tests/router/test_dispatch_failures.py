@@ -257,3 +257,32 @@ def test_a_migrated_request_is_followed_to_its_new_decode_worker() -> None:
     run(fakes, play)
     assert target.calls == [f"/v1/internal/decode/{job.rid}/events"]
     assert job.finish_reason == "length"
+
+
+async def started_before_the_abort(fake: Fake, _: web.Request, resp: web.StreamResponse) -> None:
+    # The hand-off got here before the router heard the prefill half fail: a decode sidecar
+    # cancels such a half only on an unconditional abort.
+    await fake.aborted.wait()
+    if fake.aborts[-1].get("unless_started"):
+        for event in (TOKEN, TOKEN, DONE):
+            await resp.write(_line(event))
+    else:
+        await resp.write(_line({"event": "cancelled", "detail": fake.aborts[-1]["reason"]}))
+
+
+def test_a_prefill_half_failing_after_its_hand_off_does_not_cancel_the_decode_half() -> None:
+    # A prefill worker killed (or its hand-off call timed out) once its KV had been sent.
+    failed = {"status": "cancelled", "detail": "hand-off failed: TimeoutError"}
+    fakes = [Fake("p0", Role.PREFILL, prefill=[failed]),
+             Fake("d0", Role.DECODE, decode=started_before_the_abort)]  # fmt: skip
+    job = _job()
+
+    async def play(dispatcher: Dispatcher, f: dict[str, Fake]) -> None:
+        events = await collect(dispatcher, job)
+        assert [e["event"] for e in events] == ["token", "token"]
+
+    dispatcher = run(fakes, play)
+    assert fakes[1].aborts == [
+        {"rid": job.rid, "reason": "prefill half cancelled", "unless_started": True}
+    ]
+    assert dispatcher.retries == 0 and job.attempts == 1 and job.finish_reason == "length"

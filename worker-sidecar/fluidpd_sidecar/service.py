@@ -129,6 +129,8 @@ class _DecodeHalf:
     #: Someone is reading the event stream (the decode call itself, or the router after a
     #: migration); a second reader would steal its events.
     subscribed: bool = False
+    #: Its KV is here (the prefill hand-off arrived, or it migrated in): it can finish.
+    started: bool = False
 
 
 def check_half(half: RequestHalf, context_limit: int, vocab: int) -> None:
@@ -684,6 +686,7 @@ class SidecarService:
             self._dispatch()
             self._end_decode(body.rid, DecodeEvent(event="error", detail=f"KV import: {exc}"))
             raise BadRequest(str(exc)) from exc
+        half.started = True
         self.worker.decode.handoff_done(body.rid, body.prefix_tokens, time.time())
         self._dispatch()
         self.wake()
@@ -714,7 +717,12 @@ class SidecarService:
         if rid in self._unclaimed:
             found = True  # it ended already; its events wait for a reader that is not coming
             del self._unclaimed[rid]
-        if rid in self.decode_halves:
+        dec = self.decode_halves.get(rid)
+        if dec is not None and body.unless_started and dec.started:
+            # The prefill side gave up (its peer call timed out, its process died) after the
+            # hand-off got here: the request can finish, so it does.
+            log.info("request %d: abort (%s) ignored, its hand-off is here", rid, body.reason)
+        elif dec is not None:
             found = True
             self.worker.decode.cancel(rid)
             self._dispatch()
@@ -758,6 +766,7 @@ class SidecarService:
                 self.worker.decode.cancel(half.rid)
                 self.engine.release(half.rid)
                 raise Conflict(f"no KV transport room for request {half.rid}")
+        state.started = True
         self.decode_halves[half.rid] = state
         log.info("request %d adopted (migrating in after %d tokens)", half.rid, body.generated)
         return state.dest
