@@ -356,7 +356,7 @@ async def chaos_drill(
     controller_metrics: str | None = None,
     stream_share: float = 0.25,
     switch_share: float = 0.4,
-    max_tokens: tuple[int, int] = (10, 300),
+    max_tokens: tuple[int, int] = (10, 200),
     ready_timeout_s: float = 120.0,
     hang_s: float = 120.0,
     seed: int = 0,

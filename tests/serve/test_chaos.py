@@ -14,7 +14,9 @@ from fluidpd.drills.stack import free_port_block
 
 def test_chaos_loses_only_what_a_kill_explains(stack_factory: Callable[..., Any]) -> None:
     port = free_port_block(1)
-    stack = stack_factory("2P2D", "fluidpd", "--controller-metrics-port", str(port))
+    stack = stack_factory(
+        "2P2D", "fluidpd", "--controller-metrics-port", str(port), "--ready-timeout", "300"
+    )
     result = asyncio.run(
         chaos_drill(
             stack.run_dir, stack.endpoint, stack.workers, stack.token, "llama-3.1-8b",
