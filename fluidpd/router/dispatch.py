@@ -8,7 +8,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,7 +71,9 @@ class Dispatcher:
         self.first_token_timeout_s = first_token_timeout_s
         self.max_attempts = max_attempts
         self.retries = 0
-        self._aborts: set[asyncio.Future[None]] = set()
+        self._aborts: set[asyncio.Future[Any]] = set()
+        #: How long to wait for a decode half's answer to an abort that must land (x2 tries).
+        self.abort_timeout_s = 5.0
 
     async def generate(self, job: Job) -> AsyncIterator[dict[str, Any]]:
         """Yields the decode stream's ``token`` events (``fluidpd.api.internal.DecodeEvent``
@@ -120,26 +122,33 @@ class Dispatcher:
     async def _post(self, url: str, body: dict[str, object]) -> aiohttp.ClientResponse:
         return await self.session.post(url, data=orjson.dumps(body), headers=self.headers)
 
-    def _abort(
-        self, worker: WorkerInfo, rid: int, reason: str, unless_started: bool = False
-    ) -> None:
+    async def _abort_call(
+        self, worker: WorkerInfo, rid: int, reason: str, unless_started: bool = False,
+        tries: int = 1, timeout_s: float = 2.0,
+    ) -> bool:  # fmt: skip
+        """Tells ``worker`` to abort ``rid``; True once it answered (whatever it did)."""
         body: dict[str, object] = {"rid": rid, "reason": reason}
         if unless_started:
             body["unless_started"] = True
-
-        async def go() -> None:
+        for _ in range(tries):
             with contextlib.suppress(aiohttp.ClientError, TimeoutError):
                 async with self.session.post(
                     f"{worker.url}/v1/internal/abort",
                     data=orjson.dumps(body),
                     headers=self.headers,
-                    timeout=aiohttp.ClientTimeout(total=2.0),
-                ):
-                    pass
+                    timeout=aiohttp.ClientTimeout(total=timeout_s),
+                ) as resp:
+                    if resp.status < 500:
+                        return True
+        return False
 
-        task = asyncio.ensure_future(go())
+    def _background(self, coro: Coroutine[Any, Any, object]) -> None:
+        task = asyncio.ensure_future(coro)
         self._aborts.add(task)
         task.add_done_callback(self._aborts.discard)
+
+    def _abort(self, worker: WorkerInfo, rid: int, reason: str) -> None:
+        self._background(self._abort_call(worker, rid, reason))
 
     async def _open_decode(self, d: WorkerInfo, job: Job, p: WorkerInfo) -> aiohttp.ClientResponse:
         body = {**job._half, "prefill_worker": p.worker, "prefill_url": p.url}
@@ -178,6 +187,8 @@ class Dispatcher:
         prefill = asyncio.ensure_future(self._prefill(p, d, job))
         source = d
         failed_prefill: list[str] = []
+        #: The decode stream was closed here (its half could not be told to stop).
+        dropped: list[str] = []
 
         def prefill_ended(task: asyncio.Future[str]) -> None:
             # A prefill half that ends badly before the first token: stop the decode half, whose
@@ -190,7 +201,21 @@ class Dispatcher:
             log.info("request %d prefill half: %s", job.rid, status)
             if status != "done":
                 failed_prefill.append(status)
-                self._abort(source, job.rid, f"prefill half {status}", unless_started=True)
+                self._background(stop_decode(f"prefill half {status}"))
+
+        async def stop_decode(reason: str) -> None:
+            # An abort that never arrives (the decode worker too slow to answer, or gone)
+            # would leave the decode half waiting for a hand-off that is not coming, and the
+            # request with it until the first-token timeout: then drop the stream and re-pair
+            # (the client has no token yet; closing the stream also ends the half there).
+            timeout = self.abort_timeout_s
+            if await self._abort_call(source, job.rid, reason, True, tries=2, timeout_s=timeout):
+                return
+            if not job.tokens:
+                log.info("request %d: abort not delivered to %s; re-pairing", job.rid,
+                         source.worker)  # fmt: skip
+                dropped.append(reason)
+                resp.close()
 
         prefill.add_done_callback(prefill_ended)
         try:
@@ -210,6 +235,8 @@ class Dispatcher:
                     raise RequestFailed(
                         504, f"no first token within {self.first_token_timeout_s:g} s"
                     ) from None
+                if not line and dropped and not job.tokens:
+                    raise _Retry(f"decode {source.worker} not told to stop ({dropped[0]})")
                 if not line:
                     if job.tokens:
                         raise RequestFailed(

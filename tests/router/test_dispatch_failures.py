@@ -53,11 +53,14 @@ class Fake:
     aborted: asyncio.Event = field(default_factory=asyncio.Event)
     calls: list[str] = field(default_factory=list)
     url: str = ""
+    #: Seconds before it answers an abort (a worker too loaded to answer in time).
+    abort_delay: float = 0.0
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         self.calls.append(request.path)
         if request.path == "/v1/internal/abort":
             self.aborts.append(orjson.loads(await request.read()))
+            await asyncio.sleep(self.abort_delay)
             self.aborted.set()
             return web.Response(text="{}")
         if request.path == "/v1/internal/prefill":
@@ -286,3 +289,29 @@ def test_a_prefill_half_failing_after_its_hand_off_does_not_cancel_the_decode_ha
         {"rid": job.rid, "reason": "prefill half cancelled", "unless_started": True}
     ]
     assert dispatcher.retries == 0 and job.attempts == 1 and job.finish_reason == "length"
+
+
+async def no_token_until_closed(fake: Fake, request: web.Request, _: web.StreamResponse) -> None:
+    # A decode half waiting for a hand-off that is not coming; it ends when the router drops
+    # the stream (as a decode sidecar's does).
+    while request.transport is not None and not request.transport.is_closing():
+        await asyncio.sleep(0.05)
+
+
+def test_an_abort_the_decode_half_never_answers_drops_it_and_re_pairs() -> None:
+    # Found by the chaos drill: a prefill worker killed before its hand-off, and the abort to a
+    # decode worker too loaded to answer within its timeout: the request waited for the
+    # first-token timeout (504) instead of being re-paired.
+    fakes = [Fake("p0", Role.PREFILL, prefill=[{"status": "cancelled"}, {"status": "done"}]),
+             Fake("d0", Role.DECODE, decode=no_token_until_closed, abort_delay=5.0),
+             Fake("d1", Role.DECODE, decode=tokens_then_done)]  # fmt: skip
+    job = _job()
+
+    async def play(dispatcher: Dispatcher, f: dict[str, Fake]) -> None:
+        dispatcher.abort_timeout_s = 0.2
+        events = await collect(dispatcher, job)
+        assert [e["event"] for e in events] == ["token", "token"]
+
+    dispatcher = run(fakes, play, first_token_timeout_s=20.0)
+    assert dispatcher.retries == 1 and job.attempts == 2 and job.finish_reason == "length"
+    assert [a["unless_started"] for a in fakes[1].aborts] == [True, True]  # asked twice

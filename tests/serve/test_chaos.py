@@ -20,7 +20,7 @@ def test_chaos_loses_only_what_a_kill_explains(stack_factory: Callable[..., Any]
     result = asyncio.run(
         chaos_drill(
             stack.run_dir, stack.endpoint, stack.workers, stack.token, "llama-3.1-8b",
-            duration_s=30.0, rps=4.0, gap_s=(0.5, 1.5),
+            duration_s=30.0, rps=3.0, gap_s=(0.5, 1.5), ready_timeout_s=240.0,
             controller_metrics=f"http://127.0.0.1:{port}/metrics", stream_share=0.3, seed=3,
         )
     )  # fmt: skip
