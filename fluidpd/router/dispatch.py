@@ -159,6 +159,7 @@ class Dispatcher:
             raise _Retry(f"decode {d.worker} unreachable: {exc}") from None
         if resp.status == 409:
             resp.release()
+            self.workers.turned_away(d.worker)
             raise _Retry(f"decode {d.worker} not taking work")
         if resp.status != 200:
             text = await resp.text()
@@ -172,6 +173,7 @@ class Dispatcher:
         try:
             async with await self._post(f"{p.url}/v1/internal/prefill", body) as resp:
                 if resp.status == 409:
+                    self.workers.turned_away(p.worker)
                     return "busy"
                 if resp.status != 200:
                     return f"error: HTTP {resp.status}"

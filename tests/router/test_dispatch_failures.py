@@ -315,3 +315,29 @@ def test_an_abort_the_decode_half_never_answers_drops_it_and_re_pairs() -> None:
     dispatcher = run(fakes, play, first_token_timeout_s=20.0)
     assert dispatcher.retries == 1 and job.attempts == 2 and job.finish_reason == "length"
     assert [a["unless_started"] for a in fakes[1].aborts] == [True, True]  # asked twice
+
+
+def test_a_worker_that_turns_requests_away_is_skipped_until_polled_again() -> None:
+    # Found by the chaos drill: the only decode worker the router thought Active was draining
+    # (a switch since its last poll) and answered 409; every re-pairing chose it again, and the
+    # request spent its 6 attempts in 40 ms (503) before the next poll.
+    fakes = [Fake("p0", Role.PREFILL), Fake("d0", Role.DECODE, decode=409),
+             Fake("d1", Role.DECODE, decode=tokens_then_done)]  # fmt: skip
+    job = _job()
+
+    async def play(dispatcher: Dispatcher, f: dict[str, Fake]) -> None:
+        d1 = dispatcher.workers.workers["d1"]
+        d1.healthy = False  # restarting: the next poll brings it back
+
+        async def poll_brings_d1_back() -> None:
+            await asyncio.sleep(0.5)
+            d1.healthy = True
+
+        back = asyncio.ensure_future(poll_brings_d1_back())
+        events = await collect(dispatcher, job)
+        await back
+        assert [e["event"] for e in events] == ["token", "token"]
+
+    dispatcher = run(fakes, play)
+    assert fakes[1].calls == ["/v1/internal/decode"]  # turned away once, then skipped
+    assert dispatcher.retries == 1 and job.finish_reason == "length"
