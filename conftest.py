@@ -35,6 +35,9 @@ SPLIT = frozenset(
 LONGEST = (
     # Real SGLang servers on CPU: about 11 min under a loaded machine, one module (one stack).
     "tests/sglang/test_sglang_cpu.py",
+    # Two real SGLang servers each (Ready in pods; two failing starts): ~8 min at load 20-50.
+    "e2e/test_sglang_backend.py",
+    "tests/sglang/test_sglang_start_failures.py",
     "e2e/test_operator.py",
     "tests/monitoring/test_dashboards.py",
     "tests/serve/test_drills.py",

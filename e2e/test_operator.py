@@ -320,8 +320,8 @@ def test_sglang_backend_makes_workers_and_a_bad_one_is_not_ready(
 ) -> None:
     """``backend: sglang`` is no longer refused (no Degraded, no UnsupportedBackend): workers
     are created with ``--engine sglang``. Without a model directory their sidecar exits at once
-    with a one-line error, so the pods stay NotReady instead of hanging. (SGLang itself on CPU
-    is exercised in tests/sglang; a Ready sglang deployment on this plane is not tested yet.)"""
+    with a one-line error, so the pods stay NotReady instead of hanging. (A Ready sglang
+    deployment with real SGLang servers: e2e/test_sglang_backend.py.)"""
     cp, ns, name = control_plane, namespace, "sgl"
     apply(cp, ns, deployment(name, workers=2, prefill=1, engine={"backend": "sglang"}))
     pods = wait_for(lambda: worker_pods(cp, ns, name) if len(worker_pods(cp, ns, name)) == 2
@@ -329,6 +329,8 @@ def test_sglang_backend_makes_workers_and_a_bad_one_is_not_ready(
     for pod in pods:
         args = pod["spec"]["containers"][0]["args"]
         assert args[args.index("--engine") + 1] == "sglang"
+        # The operator's default image for sglang workers: SGLang with FluidPD's sidecar.
+        assert pod["spec"]["containers"][0]["image"] == "ghcr.io/fluidpd/sglang-worker:0.1.0"
 
     def exited() -> list[dict[str, Any]] | None:
         got = worker_pods(cp, ns, name)

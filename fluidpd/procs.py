@@ -63,6 +63,9 @@ def http_ok(
     context: ssl.SSLContext | None = None,
 ) -> bool:
     """One GET: did ``url`` answer 200? Refused, reset and timed-out connections are a no."""
+    # urllib, not aiohttp (FluidPD's HTTP client everywhere else): the launchers poll from
+    # synchronous code (``fluidpd up``, the drills' stack, the e2e harness's kubelet), where an
+    # event loop per probe would only add cost; this is the one synchronous client.
     request = urllib.request.Request(url, headers=dict(headers or {}))
     try:
         with urllib.request.urlopen(request, timeout=timeout, context=context) as resp:

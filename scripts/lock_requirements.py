@@ -38,7 +38,7 @@ class Lock:
 
 
 LOCKS = (
-    Lock("runtime", "router, sidecar-sim"),
+    Lock("runtime", "fluidpd"),
     Lock("operator", "operator", extra="k8s"),
     # torch (and triton) come from the pytorch base image; mooncake's CUDA build moves real
     # KV bytes between GPU workers.

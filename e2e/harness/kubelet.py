@@ -18,7 +18,9 @@ container's `command + args` as a local process:
 - `fluidpd` (or any path ending in /fluidpd) runs the `fluidpd` of this interpreter's bin dir,
   `python`/`python3` run this interpreter, anything else runs if found on PATH; with no command,
   `image_entrypoints` (image repository -> entrypoint) may supply one; otherwise the container
-  stays Waiting with reason ErrImagePull and a message saying why;
+  stays Waiting with reason ErrImagePull and a message saying why; `image_env` (image
+  repository -> env, e.g. an images/ Dockerfile's ENV via `harness.images`) is what the image
+  sets, under the container's env;
 - the pod status is written as the kubelet writes it (phase, podIP(s), hostIP, startTime,
   conditions, containerStatuses); readiness comes from the readinessProbe (httpGet, tcpSocket,
   grpc as TCP, exec) polled every 0.5 s, or from the process running when there is none;
@@ -241,6 +243,7 @@ class FakeKubelet:
         node_name: str = DEFAULT_NODE,
         log_dir: Path | None = None,
         image_entrypoints: Mapping[str, list[str]] | None = None,
+        image_env: Mapping[str, Mapping[str, str]] | None = None,
         capacity: Mapping[str, str] = DEFAULT_CAPACITY,
         use_admin: bool = False,
     ) -> None:
@@ -248,6 +251,11 @@ class FakeKubelet:
         self.log_dir = log_dir or control_plane.workdir / "kubelet" / node_name
         self.work_dir = self.log_dir.parent / f"{node_name}-pods"
         self.image_entrypoints = dict(image_entrypoints or {})
+        #: Image repository -> the env its image sets (Dockerfile ENV, harness.images), under
+        #: the container's own env as a container runtime applies it. Tests may add to it.
+        self.image_env: dict[str, dict[str, str]] = {
+            k: dict(v) for k, v in (image_env or {}).items()
+        }
         self.capacity = dict(capacity)
         token = None if use_admin else control_plane.tokens.get(f"system:node:{node_name}")
         self._control_plane = control_plane
@@ -751,6 +759,7 @@ class FakeKubelet:
         bin_dir = str(Path(sys.executable).parent)
         proc_env["PATH"] = os.pathsep.join([bin_dir, proc_env.get("PATH", "/usr/bin:/bin")])
         proc_env["HOSTNAME"] = state.name
+        proc_env.update(self.image_env.get(_repository(container.get("image", "")), {}))
         if kubeconfig is not None:
             proc_env["KUBECONFIG"] = str(kubeconfig)
         proc_env.update(env)
@@ -824,10 +833,7 @@ class FakeKubelet:
         command = list(container.get("command") or [])
         args = list(container.get("args") or [])
         if not command:
-            repo = image.rsplit("@", 1)[0]
-            if ":" in repo.rsplit("/", 1)[-1]:
-                repo = repo.rsplit(":", 1)[0]
-            entry = self.image_entrypoints.get(repo)
+            entry = self.image_entrypoints.get(_repository(image))
             if entry is None:
                 return (
                     f"fake kubelet: image {image!r} has no command and no known entrypoint; "
@@ -1216,6 +1222,14 @@ def _key(data: Mapping[str, str] | None, ref: Obj, kind: str) -> str | None:
     if ref.get("optional"):
         return None
     raise ConfigError(f"couldn't find key {ref['key']} in {kind} {ref['name']}")
+
+
+def _repository(image: str) -> str:
+    """An image reference without digest and tag (``ghcr.io/x/y:1@sha256:...``: ``ghcr.io/x/y``)."""
+    repo = image.rsplit("@", 1)[0]
+    if ":" in repo.rsplit("/", 1)[-1]:
+        repo = repo.rsplit(":", 1)[0]
+    return repo
 
 
 def _resource_field(pod: Obj, container: Obj, ref: Obj) -> str:

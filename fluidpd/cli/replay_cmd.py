@@ -15,8 +15,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-import httpx
 from tqdm import tqdm
+from yarl import URL
 
 from fluidpd.cli.errors import UserError
 from fluidpd.cli.options import add_float, non_negative_int, positive_float, positive_int
@@ -146,15 +146,17 @@ def add_parser(sub: Any) -> None:
 def normalize_endpoint(text: str) -> str:
     """``scheme://host[:port][/prefix]`` without a trailing slash or ``/v1`` (the OpenAI
     clients' base-URL habit), so API paths can be appended."""
+    # yarl: the URL type aiohttp (the replay's client) sends requests to, so the endpoint is
+    # parsed and normalized as the requests will be.
     try:
-        url = httpx.URL(text.strip())
-    except (httpx.InvalidURL, TypeError):
+        url = URL(text.strip())
+    except (ValueError, TypeError):
         url = None
     if url is None or url.scheme not in ("http", "https") or not url.host:
         raise UserError(f"--endpoint: expected an http(s) URL, got {text!r}")
-    if url.query or url.fragment:
+    if url.query_string or url.fragment:
         raise UserError(f"--endpoint: expected a base URL without query or fragment, got {text!r}")
-    base = str(url.copy_with(path=url.path.rstrip("/"))).rstrip("/")
+    base = str(url.with_path(url.path.rstrip("/"))).rstrip("/")
     return base.removesuffix("/v1")
 
 

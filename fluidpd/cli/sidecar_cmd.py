@@ -257,6 +257,7 @@ def run(args: argparse.Namespace) -> int:
 def _run_sglang(args: argparse.Namespace, cfg: Any, text: Any) -> int:
     """The sidecar of an SGLang worker: SGLang's own P/D (KV over its Mooncake backend)."""
     import os
+    import signal
     from pathlib import Path
     from urllib.parse import urlparse
 
@@ -266,8 +267,6 @@ def _run_sglang(args: argparse.Namespace, cfg: Any, text: Any) -> int:
 
     if not args.model_dir:
         raise UserError("--model-dir: the sglang engine serves a model directory; give one")
-    if args.force_steal not in (None, 0.0):
-        raise UserError("--force-steal: the sglang engine does not steal tokens yet (beta = 0)")
     python = (
         args.sglang_python
         or os.environ.get("FLUIDPD_SGLANG_PYTHON")
@@ -291,11 +290,20 @@ def _run_sglang(args: argparse.Namespace, cfg: Any, text: Any) -> int:
             device=args.device,
             mem_fraction=args.mem_fraction,
             mode=role.value,
-            bootstrap_port=bootstrap_port if role is Role.PREFILL else None,
+            # Every worker can become a prefill in place (FluidRole): a bootstrap port each.
+            bootstrap_port=bootstrap_port,
+            fluidrole=True,
             transfer_backend="mooncake",
             load_format=args.sglang_load_format,
             max_total_tokens=args.sglang_max_total_tokens,
-            extra_args=tuple(args.sglang_arg),
+            # FluidToken's suffix extend is wired into SGLang's non-overlap decode loop, and any
+            # worker may become a decode worker in place (FluidRole).
+            extra_args=(
+                ("--disable-overlap-schedule",)
+                if not args.no_fluidtoken or args.force_steal is not None
+                else ()
+            )
+            + tuple(args.sglang_arg),
             # Its bootstrap server and transfers must be reachable from peers' SGLang servers.
             host=urlparse(cfg.url).hostname or args.host,
             log_path=Path(os.environ.get("FLUIDPD_LOG_DIR", ".")) / f"sglang-{args.id}.log",
@@ -304,7 +312,14 @@ def _run_sglang(args: argparse.Namespace, cfg: Any, text: Any) -> int:
     )
     configure_logging(args.log_level, args.id)
     service = SglangService(cfg, server, text)
-    serve_http(create_sglang_app(service), args)
+    # uvicorn re-raises the SIGTERM it shut down on once it returns. The service sends itself
+    # one when SGLang cannot start or dies for good, and then the user must see why (the one
+    # line below, exit 2), not a bare death by signal; a pod's SIGTERM still shuts down cleanly.
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)
+    try:
+        serve_http(create_sglang_app(service), args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if service.failed:
         raise UserError(f"sglang: {service.failed}")
     return 0

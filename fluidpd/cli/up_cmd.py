@@ -239,6 +239,8 @@ def run(args: argparse.Namespace) -> int:
     token_file.chmod(0o600)
     token_file.write_text(token + "\n")
     env = {**os.environ, "FLUIDPD_ADMIN_TOKEN": token}
+    # SGLang servers' logs go beside the sidecars' (not into the current directory).
+    env.setdefault("FLUIDPD_LOG_DIR", str(run_dir))
     mech = MECHANISMS[args.policy]
     stack = Stack(run_dir)
     stopping = False

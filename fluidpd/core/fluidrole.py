@@ -141,12 +141,27 @@ class _Check:
     at: float
 
 
-def donor_starved(source: Role, p: PoolPressure, cfg: FluidRoleConfig) -> bool:
-    """The phase that gave up a worker is saturated: the forecast that it could spare one was
-    wrong (decode KV fully committed or its batch past N_TPOT; prefill far past deadlines)."""
-    if source is Role.DECODE:
-        return p.dpi_adm_bar >= cfg.dpi_adm_saturated or p.dpi_load_bar >= 1.0
+def decode_saturated(p: PoolPressure, cfg: FluidRoleConfig) -> bool:
+    """Decode KV fully committed or the decode batch past N_TPOT."""
+    return p.dpi_adm_bar >= cfg.dpi_adm_saturated or p.dpi_load_bar >= 1.0
+
+
+def prefill_saturated(p: PoolPressure, cfg: FluidRoleConfig) -> bool:
+    """The prefill queue far past its deadlines."""
     return p.ppi_bar >= cfg.ppi_saturated
+
+
+def donor_starved(source: Role, p: PoolPressure, cfg: FluidRoleConfig) -> bool:
+    """The phase that gave up a worker is saturated and the phase that got it is not: the
+    forecast that the donor could spare one was wrong.
+
+    When both are saturated the observation does not refute the switch: decode KV is reserved
+    at dispatch, so a prefill queue far past its deadlines fills DPI_adm with requests that
+    wait for *prefill* (the decode batch can be idle), and undoing the switch would only make
+    that queue longer; the deployment needs capacity, not the other split."""
+    if source is Role.DECODE:
+        return decode_saturated(p, cfg) and not prefill_saturated(p, cfg)
+    return prefill_saturated(p, cfg) and not decode_saturated(p, cfg)
 
 
 def windowed_percentile(samples: Iterable[float], percentile: float) -> float:
@@ -392,9 +407,10 @@ class FluidRolePolicy:
             return False
         if now >= self._last_switch_end + self.cfg.reversal_cooldown_s:
             return False
-        if rec is Recommendation.P_TO_D:
-            return p.dpi_adm_bar < self.cfg.dpi_adm_saturated
-        return p.ppi_bar < self.cfg.ppi_saturated
+        # A saturated phase lets the reversal through only if the other one is not (the same
+        # test as a refuted switch's, ``donor_starved``).
+        donor = Role.DECODE if rec is Recommendation.D_TO_P else Role.PREFILL
+        return not donor_starved(donor.other, p, self.cfg)
 
     def pick_candidate(
         self, workers: Sequence[WorkerSignals], source: Role

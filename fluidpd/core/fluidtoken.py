@@ -72,6 +72,34 @@ def steal_budget(
     return max_suffix_tokens / n_prefill
 
 
+def advertised_budget(
+    tpot_slo: float,
+    decode: DecodeIterPredictor,
+    suffix: SuffixPredictor,
+    batch: int,
+    context: int,
+    pending_suffix_tokens: int,
+    dpi_load_d: float,
+    n_prefill: int,
+    cfg: FluidTokenConfig,
+    admitting: bool = True,
+) -> float:
+    """The per-prefill-worker budget a decode worker advertises: eqs. (14)-(17) over its
+    running batch.
+
+    Suffix tokens already committed to it but not yet run are subtracted from the eq. (16)
+    bound, so that budgets refreshed every prefill iteration cannot pile up more stolen work
+    than one eligible iteration can absorb. ``admitting`` False (requests wait for KV there,
+    or it is draining) advertises 0: decode admission is the bottleneck, and an extend would
+    only lengthen the iterations whose finishes free that KV.
+    """
+    if not admitting:
+        return 0.0
+    slack = tpot_slack(tpot_slo, decode, batch, context)
+    room = max(0, max_admissible_suffix(slack, cfg.eta, suffix) - pending_suffix_tokens)
+    return steal_budget(dpi_load_d, room, n_prefill, cfg.dpi_load_high)
+
+
 @dataclass(frozen=True, slots=True)
 class StealPlan:
     """Algorithm 1's output for one queue."""

@@ -10,7 +10,7 @@ the largest holes for the largest requests still to place). A request no peer ha
 not planned: it finishes here (the drain falls back to ``wait`` for it) - never an error.
 
 Used by the simulator (``fluidpd.sim.simulator``) and the sidecar
-(``fluidpd_sidecar.service``), so both make the same decisions.
+(``fluidpd_sidecar.migration``), so both make the same decisions.
 """
 
 from __future__ import annotations

@@ -36,7 +36,14 @@ from fluidpd.core.predictors import DecodeIterPredictor, PrefillPredictor
 from fluidpd.core.profile import Profile
 from fluidpd.core.types import SLO, Role
 
-MIN_DEMAND_SAMPLES = 100
+#: Fewest arrivals a forecast rests on. Below it the rate's error bound (``RATE_Z`` standard
+#: errors, below) passes 45 % and the bounded forecast is no forecast.
+MIN_DEMAND_SAMPLES = 20
+#: Standard errors of the Poisson rate estimate (1/sqrt(n) relative) the forecast allows for:
+#: the gain is counted at the lower bound of the rate and the donor checked at the upper one,
+#: so that a switch decided on few arrivals is taken only when it is clear whatever the
+#: estimate's error, and one decided on many is not held back by a fixed sample count.
+RATE_Z = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,11 +60,43 @@ class Demand:
     #: Arrivals the estimate rests on, and whether a whole window has been seen.
     samples: int = 0
     full_window: bool = False
+    #: The busiest recent rate the arrivals show beyond Poisson noise (requests per second;
+    #: see ``DemandWindow``); 0 when unknown. The donor phase of a switch must carry it.
+    peak_rate: float = 0.0
 
     @property
     def reliable(self) -> bool:
-        """Enough arrivals for a rate within about 10 % (Poisson: 1/sqrt(n))."""
+        """Enough arrivals for the rate's error bound to mean something."""
         return self.samples >= MIN_DEMAND_SAMPLES
+
+    @property
+    def rate_error(self) -> float:
+        """Relative error bound of the rate: ``RATE_Z / sqrt(samples)`` (Poisson), at most 1."""
+        if self.samples <= 0:
+            return 1.0
+        return min(1.0, RATE_Z / math.sqrt(self.samples))
+
+    def at_rate(self, rate: float) -> Demand:
+        return Demand(
+            rate,
+            self.prompt,
+            self.output,
+            self.prefill_s,
+            self.samples,
+            self.full_window,
+            self.peak_rate,
+        )
+
+    @property
+    def low(self) -> Demand:
+        """This demand at the lower bound of its rate (where a switch's gain is counted)."""
+        return self.at_rate(self.rate * (1.0 - self.rate_error))
+
+    @property
+    def burst(self) -> Demand:
+        """This demand at the busiest rate it may bring soon: the upper bound of the rate, or
+        the recent peak if that is higher (the donor of a switch must carry it)."""
+        return self.at_rate(max(self.peak_rate, self.rate * (1.0 + self.rate_error)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +127,10 @@ class Forecast:
     drain_s: float
     gain: float
     cost: float
+    #: The donor phase's load ratio after the switch at the recent peak rate (``Demand.burst``):
+    #: a switch that would overload the phase it takes the worker from only moves the
+    #: bottleneck, and the next burst reverses it.
+    donor_after: float = 0.0
 
 
 def excess(ratio: float) -> float:
@@ -192,18 +235,36 @@ class CapacityModel:
         the load changes with the pool size."""
         scale = decode_scale(self.decode_ratio(d, split.n_decode), observed_decode)
         p_scale = prefill_scale(self.prefill_ratio(d, split.n_prefill), observed_prefill)
-        before = self.bottleneck(d, split, scale, p_scale)
-        after = self.bottleneck(d, split.after(source), scale, p_scale)
-        during = self.bottleneck(d, split.during(source), scale, p_scale)
+        low = d.low
+        before = self.bottleneck(low, split, scale, p_scale)
+        after = self.bottleneck(low, split.after(source), scale, p_scale)
+        during = self.bottleneck(low, split.during(source), scale, p_scale)
         drain = self.drain_seconds(d, source, migrate)
         gain = horizon_s * (excess(before) - excess(after))
         cost = drain * excess(during)
-        return Forecast(before, after, during, drain, gain, cost)
+        peak, left = d.burst, split.after(source)
+        if source is Role.DECODE:
+            # A prefill pool still over capacity after the switch hands its excess to the
+            # decode workers (FluidToken steals suffixes up to their TPOT budget, and queued
+            # requests hold the decode KV reserved at dispatch), which eq. (13) does not see.
+            # Until the decode pool's observation calibrates the model (it lags the demand),
+            # such a donor must then hold whatever calibration the observation may bring.
+            bound = scale
+            if observed_decode is None and p_scale * self.prefill_ratio(peak, left.n_prefill) >= 1:
+                bound = MAX_SCALE
+            donor = bound * self.decode_ratio(peak, left.n_decode)
+        else:
+            donor = p_scale * self.prefill_ratio(peak, left.n_prefill)
+        return Forecast(before, after, during, drain, gain, cost, donor)
 
 
 #: Observed decode pressure at or above this is censored (DPI_adm cannot exceed 1; the excess
 #: waits in the prealloc queue), so it can only raise the forecast, never lower it.
 _CENSORED = 0.95
+
+
+#: The calibration corrects the model by at most this factor either way.
+MAX_SCALE = 4.0
 
 
 def decode_scale(modelled: float, observed: float | None) -> float:
@@ -213,7 +274,7 @@ def decode_scale(modelled: float, observed: float | None) -> float:
     scale = observed / modelled
     if observed >= _CENSORED:
         scale = max(scale, 1.0)
-    return min(4.0, max(0.25, scale))
+    return min(MAX_SCALE, max(1.0 / MAX_SCALE, scale))
 
 
 #: PPI-bar above this says little more (an expired deadline makes it huge): the prefill
@@ -230,7 +291,7 @@ def prefill_scale(modelled: float, observed_ppi: float | None) -> float:
     observed = min(observed_ppi, _PPI_CAP)
     if observed <= 1.0:
         return 1.0
-    return min(4.0, max(1.0, observed / modelled))
+    return min(MAX_SCALE, max(1.0, observed / modelled))
 
 
 @dataclass(slots=True)
@@ -240,6 +301,11 @@ class DemandWindow:
 
     prefill: PrefillPredictor
     window_s: float = 60.0
+    #: Peak-rate bins: arrivals are also counted per ``bin_s`` seconds over the last
+    #: ``hold_s`` (the time a switched split is held before it may be reversed).
+    bin_s: float = 30.0
+    hold_s: float = 300.0
+    _bins: deque[list[float]] = field(default_factory=deque)
     _items: deque[tuple[float, int, int, float]] = field(default_factory=deque)
     _first: float | None = None
     _prompt: float = 0.0
@@ -254,6 +320,25 @@ class DemandWindow:
         self._prefill_s += pre
         if self._first is None:
             self._first = t
+        index = float(math.floor(t / self.bin_s))
+        if self._bins and self._bins[-1][0] == index:
+            self._bins[-1][1] += 1
+        else:
+            self._bins.append([index, 1.0])
+
+    def peak_rate(self, now: float) -> float:
+        """The highest rate of a completed bin in the hold period, less one Poisson standard
+        error (``(n - sqrt(n)) / bin_s``): a burst the arrivals show beyond noise, so that a
+        steady Poisson stream's peak stays near its mean."""
+        bins = self._bins
+        current = math.floor(now / self.bin_s)
+        while bins and (bins[0][0] + 1) * self.bin_s <= now - self.hold_s:
+            bins.popleft()
+        best = 0.0
+        for index, n in bins:
+            if index < current:
+                best = max(best, (n - math.sqrt(n)) / self.bin_s)
+        return best
 
     def demand(self, now: float) -> Demand:
         items = self._items
@@ -275,13 +360,24 @@ class DemandWindow:
             self._prefill_s / n,
             n,
             seen >= self.window_s,
+            self.peak_rate(now),
         )
 
 
 def clearly_worth(f: Forecast, margin: float) -> bool:
     """Switch only if the forecast gain beats the cost with a margin (gain >= (1 + margin) x
-    cost) and the bottleneck falls by at least ``margin`` of its value: a gain inside the
-    forecast's own error is no reason to pay a drain."""
-    if math.isnan(f.gain) or math.isnan(f.cost):
+    cost), the bottleneck falls by at least ``margin`` of its value (a gain inside the
+    forecast's own error is no reason to pay a drain), and the donor phase keeps within its
+    SLO capacity at the recent peak rate (``donor_after < 1``). The last is what predicts
+    across a reversal: a switch that overloads its donor gains only while the receiving
+    phase is the worse one, and is reversed (within the reversal cooldown, paying a second
+    drain) as soon as the load shifts back; the predictors compare the two phases' overloads
+    too roughly to trade one for the other."""
+    if math.isnan(f.gain) or math.isnan(f.cost) or math.isnan(f.donor_after):
         return False
-    return f.gain > 0 and f.gain >= (1.0 + margin) * f.cost and f.after <= f.before * (1 - margin)
+    return (
+        f.gain > 0
+        and f.gain >= (1.0 + margin) * f.cost
+        and f.after <= f.before * (1 - margin)
+        and f.donor_after < 1.0
+    )

@@ -1,4 +1,7 @@
-"""Start and stop a whole local deployment (``fluidpd up``) from Python, on free ports."""
+"""Start and stop a whole local deployment (``fluidpd up``) from Python, on free ports.
+
+Shipped, not test-only: ``fluidpd evaluate`` (``make run``) and the ``fluidpd drill`` commands
+run their live stacks through it; the tests and ``scripts/gpu`` use the same one."""
 
 from __future__ import annotations
 

@@ -203,25 +203,32 @@ def write_tokenizer(
     vocab_size: int = 1024,
     pad_to: int | None = None,
     model_max_length: int = 4096,
+    pad_special: bool = True,
 ) -> int:
     """Trains the tokenizer and writes ``tokenizer.json`` and ``tokenizer_config.json`` (with
     the family's chat template) into ``out``; returns the vocabulary size.
 
     ``pad_to`` appends reserved special tokens (as Llama-3 does) until the vocabulary has that
     many entries, so a model shape with a large vocabulary never produces an id the tokenizer
-    does not know.
+    does not know. ``pad_special=False`` makes them ordinary tokens that decode to their own
+    text: benchmarks with random weights pick padding ids most of the time, and a client that
+    times the first token by the first non-empty text (as ``fluidpd replay`` and the OpenAI
+    clients do) would otherwise see no text at all.
     """
     specials = SPECIALS[arch]
     tok = _train(kind, specials, vocab_size)
     _add_bos(tok, specials)
     size = int(tok.get_vocab_size(with_added_tokens=True))
     if pad_to is not None and pad_to > size:
-        tok.add_special_tokens(
-            [
-                AddedToken(f"<|reserved_special_token_{i}|>", special=True, normalized=False)
-                for i in range(pad_to - size)
-            ]
-        )
+        pads = [
+            AddedToken(f"<|reserved_special_token_{i}|>", special=pad_special, normalized=False)
+            for i in range(pad_to - size)
+        ]
+        # ``add_special_tokens`` marks every token special whatever its flag says.
+        if pad_special:
+            tok.add_special_tokens(pads)
+        else:
+            tok.add_tokens(pads)
         size = pad_to
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -23,8 +23,9 @@ H200 host (16 cores) against a 12-process fake server answering in 0.1 s + 20 ms
 (httpcore + h11 + anyio, all pure Python) spent 180-270 us of client CPU per SSE chunk,
 saturated its core at ~3,500 chunks/s and reported a p99 TTFT of 8.4 s at 50 req/s; with aiohttp
 (C parser, 20-40 us per chunk) the same client measured p99 TTFT 104 / 116 ms and exact TPOT at
-50 / 200 req/s (4,300 / 15,000 chunks/s, ~560 concurrent streams). The few synchronous control
-calls (``/v1/models``, the ``/admin/stats`` probes before and after) use httpx.
+50 / 200 req/s (4,300 / 15,000 chunks/s, ~560 concurrent streams). The few control calls outside
+the replay (``/v1/models``, the ``/admin/stats`` probes before and after) use aiohttp too, each on a
+short event loop of its own.
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ from time import perf_counter
 from typing import Any
 
 import aiohttp
-import httpx
 
 from fluidpd.replay.prompts import API_PATHS, Api, PromptFormat, request_body
 from fluidpd.sim.workloads import Workload
@@ -76,11 +76,27 @@ def auth_headers(api_key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"}
 
 
-def _get(url: str, api_key: str, timeout_s: float) -> httpx.Response:
-    # trust_env=False: talk to the endpoint directly, like the aiohttp streams (which ignore
-    # proxy variables), so the preflight checks the same path the replay will use.
-    with httpx.Client(trust_env=False, timeout=timeout_s) as client:
-        return client.get(url, headers=auth_headers(api_key))
+async def _get_json(url: str, api_key: str, timeout_s: float) -> tuple[int, Any]:
+    # The session ignores proxy variables (aiohttp's trust_env=False), as the replay's streams
+    # do, so the preflight checks the same path the replay will use.
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    async with (
+        aiohttp.ClientSession(timeout=timeout, headers=auth_headers(api_key)) as session,
+        session.get(url) as resp,
+    ):
+        if resp.status != 200:
+            return resp.status, None
+        try:
+            return resp.status, await resp.json(content_type=None)
+        except ValueError:
+            return resp.status, None
+
+
+def _get(url: str, api_key: str, timeout_s: float) -> tuple[int, Any]:
+    """One GET before or after the replay (no event loop runs then): (HTTP status, the JSON body
+    of a 200, else None). Raises ``aiohttp.ClientError`` or ``TimeoutError`` when nothing
+    answers."""
+    return asyncio.run(_get_json(url, api_key, timeout_s))
 
 
 def list_models(endpoint: str, api_key: str, timeout_s: float = 10.0) -> tuple[int, list[str]]:
@@ -89,39 +105,26 @@ def list_models(endpoint: str, api_key: str, timeout_s: float = 10.0) -> tuple[i
     Raises :class:`EndpointUnreachable` when nothing answers, so callers can stop before a replay.
     """
     try:
-        resp = _get(endpoint + MODELS_PATH, api_key, timeout_s)
-    except httpx.TransportError as exc:
+        status, doc = _get(endpoint + MODELS_PATH, api_key, timeout_s)
+    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
         raise EndpointUnreachable(
             f"cannot reach {endpoint}: {_one_line(str(exc) or type(exc).__name__)}"
         ) from None
     ids: list[str] = []
-    if resp.status_code == 200:
-        with contextlib.suppress(ValueError):
-            doc = resp.json()
-            data = doc.get("data") if isinstance(doc, dict) else None
-            if isinstance(data, list):
-                ids = [str(m["id"]) for m in data if isinstance(m, dict) and "id" in m]
-    return resp.status_code, ids
-
-
-def _stats_doc(resp: httpx.Response) -> dict[str, Any] | None:
-    if resp.status_code != 200:
-        return None
-    try:
-        doc = resp.json()
-    except ValueError:
-        return None
-    return doc if isinstance(doc, dict) else None
+    data = doc.get("data") if isinstance(doc, dict) else None
+    if isinstance(data, list):
+        ids = [str(m["id"]) for m in data if isinstance(m, dict) and "id" in m]
+    return status, ids
 
 
 def fetch_admin_stats(endpoint: str, api_key: str) -> dict[str, Any] | None:
     """The FluidPD router's ``GET /admin/stats``, or None for any other server (404, no JSON,
     connection trouble): the stats are optional and must never stop a replay."""
     try:
-        resp = _get(endpoint + ADMIN_STATS_PATH, api_key, _ADMIN_TIMEOUT_S)
-    except httpx.HTTPError:
+        _, doc = _get(endpoint + ADMIN_STATS_PATH, api_key, _ADMIN_TIMEOUT_S)
+    except (aiohttp.ClientError, TimeoutError, OSError):
         return None
-    return _stats_doc(resp)
+    return doc if isinstance(doc, dict) else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,13 +9,21 @@ import logging
 import random
 import time
 from collections.abc import AsyncIterator, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 import orjson
+from pydantic import ValidationError
 
-from fluidpd.api.internal import MAX_RID
+from fluidpd.api.internal import (
+    MAX_RID,
+    Abort,
+    DecodeHalf,
+    PrefillHalf,
+    PrefillOutcome,
+    RequestHalf,
+)
 from fluidpd.api.sampling import FinishReason
 from fluidpd.router.workers import WorkerInfo, WorkerSet
 
@@ -48,8 +56,8 @@ class Job:
     attempts: int = 0
     first_token_t: float = 0.0
     finish_reason: FinishReason | None = None
-    #: Set once per attempt: the fields both halves share.
-    _half: dict[str, Any] = field(default_factory=dict)
+    #: Set once per attempt: the fields both halves share (validated then, once).
+    _half: RequestHalf | None = None
 
     @property
     def prompt_len(self) -> int:
@@ -94,12 +102,9 @@ class Dispatcher:
                 job.attempts -= 1
                 continue
             job.rid = random.randint(0, MAX_RID)
-            job._half = {
-                "rid": job.rid,
-                "prompt_ids": job.prompt_ids,
-                "sampling": job.sampling,
-                "arrival": job.arrival,
-            }
+            job._half = RequestHalf(
+                rid=job.rid, prompt_ids=job.prompt_ids, sampling=job.sampling, arrival=job.arrival
+            )
             log.info(
                 "request %d admitted: %d prompt tokens, prefill %s, decode %s (attempt %d)",
                 job.rid, job.prompt_len, pair[0].worker, pair[1].worker, job.attempts,
@@ -119,22 +124,30 @@ class Dispatcher:
                 log.info("request %d re-paired: %s", job.rid, why)
                 continue
 
-    async def _post(self, url: str, body: dict[str, object]) -> aiohttp.ClientResponse:
-        return await self.session.post(url, data=orjson.dumps(body), headers=self.headers)
+    async def _post(self, url: str, body: RequestHalf) -> aiohttp.ClientResponse:
+        return await self.session.post(url, data=body.model_dump_json(), headers=self.headers)
+
+    @staticmethod
+    def _shared(job: Job) -> dict[str, Any]:
+        assert job._half is not None
+        # Validated when the attempt began; each half adds only its peer's id and address.
+        return dict(job._half)
 
     async def _abort_call(
         self, worker: WorkerInfo, rid: int, reason: str, unless_started: bool = False,
         tries: int = 1, timeout_s: float = 2.0,
     ) -> bool:  # fmt: skip
         """Tells ``worker`` to abort ``rid``; True once it answered (whatever it did)."""
-        body: dict[str, object] = {"rid": rid, "reason": reason}
+        # Only what is set goes on the wire: a plain abort reads as it always did.
+        fields: dict[str, Any] = {"rid": rid, "reason": reason}
         if unless_started:
-            body["unless_started"] = True
+            fields["unless_started"] = True
+        body = Abort(**fields).model_dump_json(exclude_unset=True)
         for _ in range(tries):
             with contextlib.suppress(aiohttp.ClientError, TimeoutError):
                 async with self.session.post(
                     f"{worker.url}/v1/internal/abort",
-                    data=orjson.dumps(body),
+                    data=body,
                     headers=self.headers,
                     timeout=aiohttp.ClientTimeout(total=timeout_s),
                 ) as resp:
@@ -151,7 +164,9 @@ class Dispatcher:
         self._background(self._abort_call(worker, rid, reason))
 
     async def _open_decode(self, d: WorkerInfo, job: Job, p: WorkerInfo) -> aiohttp.ClientResponse:
-        body = {**job._half, "prefill_worker": p.worker, "prefill_url": p.url}
+        body = DecodeHalf.model_construct(
+            **self._shared(job), prefill_worker=p.worker, prefill_url=p.url
+        )
         try:
             resp = await self._post(f"{d.url}/v1/internal/decode", body)
         except aiohttp.ClientError as exc:
@@ -169,7 +184,9 @@ class Dispatcher:
 
     async def _prefill(self, p: WorkerInfo, d: WorkerInfo, job: Job) -> str:
         """The prefill half's outcome status ("done", "reroute", "cancelled", or an error)."""
-        body = {**job._half, "decode_worker": d.worker, "decode_url": d.url}
+        body = PrefillHalf.model_construct(
+            **self._shared(job), decode_worker=d.worker, decode_url=d.url
+        )
         try:
             async with await self._post(f"{p.url}/v1/internal/prefill", body) as resp:
                 if resp.status == 409:
@@ -177,10 +194,12 @@ class Dispatcher:
                     return "busy"
                 if resp.status != 200:
                     return f"error: HTTP {resp.status}"
-                return str(orjson.loads(await resp.read()).get("status", "error"))
+                return PrefillOutcome.model_validate_json(await resp.read()).status
         except aiohttp.ClientError:
             self.workers.suspect(p.worker)
             return "unreachable"
+        except ValidationError:
+            return "error"
 
     async def _attempt(
         self, job: Job, p: WorkerInfo, d: WorkerInfo, deadline: float

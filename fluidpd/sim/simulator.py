@@ -46,6 +46,7 @@ from fluidpd.core.scheduler.messages import (
 )
 from fluidpd.core.scheduler.prefill import PrefillBatch
 from fluidpd.core.scheduler.worker import Batch, Worker
+from fluidpd.core.step_times import StepTimes
 from fluidpd.core.types import SLO, DrainMode, Request, Role, RoleState
 from fluidpd.sim.policies import AutoscaleConfig, Mechanisms
 from fluidpd.sim.workloads import Workload
@@ -147,9 +148,7 @@ class Simulator:
         # Span noise is drawn as vectors; a separate stream keeps per-step draws reproducible.
         self._span_rng = np.random.default_rng(cfg.seed)
         self._max_span = 1 if cfg.adaptive else MAX_SPAN
-        self._true_prefill = cfg.profile.prefill_predictor()
-        self._true_suffix = cfg.profile.suffix_predictor()
-        self._true_decode = cfg.profile.decode_predictor()
+        self._true_times = StepTimes(cfg.profile, cfg.noise, cfg.drift, self._rng)
         self._transfer = cfg.profile.transfer_model()
         token_cfg = FluidTokenConfig(
             enabled=cfg.mechanisms.fluidtoken,
@@ -221,30 +220,12 @@ class Simulator:
         return [wid for wid, w in self.workers.items() if w.role is role and w.accepting]
 
     # -- engine timing ------------------------------------------------------------------------
-    def _noise(self) -> float:
-        sigma = self.cfg.noise
-        if sigma <= 0:
-            return self.cfg.drift
-        return self.cfg.drift * math.exp(self._rng.gauss(0.0, sigma) - 0.5 * sigma * sigma)
-
     def _span_steps_of(self, batch: DecodeBatch) -> np.ndarray:
         """True durations of a span's iterations: eq. (13) per iteration times the noise."""
-        steps = self._true_decode.iteration_times(batch.batch, batch.context, batch.iterations)
-        sigma = self.cfg.noise
-        if sigma <= 0:
-            return steps * self.cfg.drift
-        draws = self._span_rng.normal(0.0, sigma, size=batch.iterations)
-        return steps * (self.cfg.drift * np.exp(draws - 0.5 * sigma * sigma))
+        return self._true_times.span(batch, self._span_rng)
 
     def _duration(self, batch: Batch) -> float:
-        if isinstance(batch, PrefillBatch):
-            if batch.prefix_tokens == 0:
-                return 0.0
-            return self._true_prefill.time(batch.prefix_tokens) * self._noise()
-        t = self._true_decode.time(batch.batch, batch.context) if batch.batch else 0.0
-        for req in batch.suffix:
-            t += self._true_suffix.time(req.stolen)
-        return t * self._noise()
+        return self._true_times.duration(batch)
 
     # -- driving workers ----------------------------------------------------------------------
     def _budgets(self, decode_ids: Sequence[str]) -> np.ndarray:

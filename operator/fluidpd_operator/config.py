@@ -15,9 +15,17 @@ class OperatorConfig:
     log_level: str = "INFO"
     #: Seconds between full reconciles of every deployment (the safety net behind the events).
     resync_s: float = 30.0
-    #: Images for workers and routers whose FluidPDDeployment names none.
-    sidecar_image: str = "ghcr.io/fluidpd/sidecar-sim:0.1.0"
-    router_image: str = "ghcr.io/fluidpd/router:0.1.0"
+    #: Images for workers and routers whose FluidPDDeployment names none: by default the one
+    #: image of the router and the `sim`/`gpu` sidecar (images/fluidpd; the pod's command
+    #: picks), and the sglang-worker image (SGLang with FluidPD's sidecar,
+    #: images/sglang-worker) for ``backend: sglang``, whose sidecar needs SGLang beside it.
+    sidecar_image: str = "ghcr.io/fluidpd/fluidpd:0.1.0"
+    sglang_image: str = "ghcr.io/fluidpd/sglang-worker:0.1.0"
+    router_image: str = "ghcr.io/fluidpd/fluidpd:0.1.0"
+
+    def worker_image(self, backend: str) -> str:
+        """The default worker image of an engine backend."""
+        return self.sglang_image if backend == "sglang" else self.sidecar_image
 
     @classmethod
     def from_env(cls) -> OperatorConfig:
@@ -28,5 +36,6 @@ class OperatorConfig:
             log_level=env.get("FLUIDPD_LOG_LEVEL", cls.log_level).upper(),
             resync_s=float(env.get("FLUIDPD_RESYNC_SECONDS", str(cls.resync_s))),
             sidecar_image=env.get("FLUIDPD_SIDECAR_IMAGE", cls.sidecar_image),
+            sglang_image=env.get("FLUIDPD_SGLANG_IMAGE", cls.sglang_image),
             router_image=env.get("FLUIDPD_ROUTER_IMAGE", cls.router_image),
         )

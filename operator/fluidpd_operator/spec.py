@@ -80,7 +80,7 @@ class ModelSpec(_Spec):
 
 class EngineSpec(_Spec):
     backend: Literal["sim", "gpu", "sglang"] = "sim"
-    #: None: the operator's default (FLUIDPD_SIDECAR_IMAGE).
+    #: None: the operator's default (FLUIDPD_SIDECAR_IMAGE, FLUIDPD_SGLANG_IMAGE for sglang).
     image: str | None = None
     args: list[str] = Field(default_factory=list)
     port: int = 8100

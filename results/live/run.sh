@@ -7,6 +7,11 @@ set -eu
 fluidpd evaluate --workload azure-mixed --rps 20 --num-requests 2000 --pd 4P4D \
   --policies static,fluidpd --seed 0 --out results/live/azure-mixed-2000-20rps
 
+# Long-context slice (issue #14): 240 requests of long-chat-poisson at 4 req/s, 4P4D (the
+# live controller runs the paper rule: the router exports no demand forecast yet).
+fluidpd evaluate --workload long-chat-poisson --rps 4 --num-requests 240 --pd 4P4D \
+  --policies static,fluidpd --seed 0 --out results/live/long-chat-poisson-240-4rps
+
 # 20 in-place role switches in both directions under load (wait and migrate drains).
 fluidpd drill switches --pd 3P3D --switches 20 --rps 8 --out results/live/switch-drill.json
 

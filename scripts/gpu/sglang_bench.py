@@ -46,7 +46,8 @@ def make_model_dir(shape: str, out: Path) -> Path:
     hf["model_type"] = "qwen3" if qwen else "llama"
     hf["torch_dtype"] = "bfloat16"
     (out / "config.json").write_text(json.dumps(hf, indent=1))
-    write_tokenizer(out, arch="llama", pad_to=int(hf["vocab_size"]))
+    # Padding ids decode to text: with dummy weights greedy decoding picks them most of the time.
+    write_tokenizer(out, arch="llama", pad_to=int(hf["vocab_size"]), pad_special=False)
     # The sidecar reads EOS ids from generation_config.json (as serving the real model would).
     tok = json.loads((out / "tokenizer.json").read_text())
     ids = {t["content"]: t["id"] for t in tok["added_tokens"]}

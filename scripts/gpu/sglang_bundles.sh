@@ -82,6 +82,11 @@ cp "$(ls $D/msgpack-1.1.2-*.whl)" "$MC/"
   libnl-route-3-200 >/dev/null 2>&1) || echo "sglang_bundles.sh: apt-get download failed"
 tvm=results/sglang/h200-2026-12-02/tvm-ffi-cache.tgz
 [ -f "$tvm" ] && cp "$tvm" "$MC/"
+# With the tracked tree at about 15 MB, A no longer fits one call beside it: the same wheels as
+# two folders (hard links), staged in two calls (sglang_stage.sh copies any carried .sglwhl/*/).
+rm -rf .sglwhl/a1 .sglwhl/a2 && mkdir -p .sglwhl/a1 .sglwhl/a2
+ln -f "$A"/sglang_kernel-*.whl .sglwhl/a1/
+for f in "$A"/*.whl; do case $f in */sglang_kernel-*) ;; *) ln -f "$f" .sglwhl/a2/ ;; esac; done
 du -sh "$MC"
-du -sh "$A" "$B"
+du -sh "$A" .sglwhl/a1 .sglwhl/a2 "$B"
 ls -la "$A"

@@ -1,5 +1,5 @@
 #!/bin/bash
-# A staging GPU command (carry: [".sglwhl/a"], or [".sglwhl/mc"]): keeps the carried bundle
+# A staging GPU command (carry: [".sglwhl/a1"], [".sglwhl/a2"] or [".sglwhl/mc"]): keeps the carried bundle
 # (A: sglang-kernel, flashinfer, xgrammar, ~52 MiB; mc: mooncake for CUDA 13, its system
 # libraries, the tvm-ffi cache) on the machine outside the checkout, for the run command
 # (sglang_run.sh, sglang_pd.sh) started right after while the machine is still warm.

@@ -17,6 +17,7 @@ from fluidpd.core.fluidrole import (
 )
 from fluidpd.core.fluidtoken import FluidTokenConfig
 from fluidpd.core.policy_forecast import (
+    MAX_SCALE,
     CapacityModel,
     Demand,
     DemandWindow,
@@ -61,9 +62,10 @@ def test_switch_taken_only_when_forecast_gain_beats_cost(
     policy = FluidRolePolicy(CFG, MODEL)
     d = demand(rate, prompt, output)
     decision = policy.observe(0.0, fleet(n_p, n_d, 3.0, 0.05, 0.05), d)
-    # What the policy observed: decode DPI 0.05 (settled: a full window, no switch yet) and
-    # PPI-bar 3.0.
-    f = MODEL.forecast(d, Split(n_p, n_d), Role.DECODE, CFG.horizon_s, True, 0.05, 3.0)
+    # What the policy observed: decode DPI 0.05 (settled: a full window, no switch yet; the
+    # pool average as the policy sums it) and PPI-bar 3.0.
+    observed = sum([0.05] * n_d) / n_d
+    f = MODEL.forecast(d, Split(n_p, n_d), Role.DECODE, CFG.horizon_s, True, observed, 3.0)
     assert repr(policy.last_forecast) == repr(f)  # repr: nan == nan
     took = isinstance(decision, SwitchDecision)
     assert took == clearly_worth(f, CFG.gain_margin)
@@ -164,3 +166,107 @@ def test_no_steal_budget_while_requests_wait_for_decode_kv() -> None:
         w.decode.add(Request(rid, 0.0, big - 10, 5))
     assert w.decode.prealloc
     assert w.decode.steal_budget(1) == 0.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rate=st.floats(0.1, 60.0),
+    peak=st.floats(0.0, 120.0),
+    prompt=st.floats(50.0, 16000.0),
+    output=st.floats(1.0, 2000.0),
+    samples=st.integers(20, 2000),
+    n_p=st.integers(1, 6),
+    n_d=st.integers(2, 6),
+)
+def test_a_taken_switch_leaves_its_donor_within_capacity_at_the_peak(
+    rate: float, peak: float, prompt: float, output: float, samples: int, n_p: int, n_d: int
+) -> None:
+    d = Demand(rate, prompt, output, float(MODEL.prefill.time(prompt)), samples, True, peak)
+    policy = FluidRolePolicy(CFG, MODEL)
+    decision = policy.observe(0.0, fleet(n_p, n_d, 3.0, 0.05, 0.05), d)
+    if not isinstance(decision, SwitchDecision):
+        return
+    # The decode pool that is left carries the busiest rate the demand may bring (the recent
+    # peak or the rate's upper bound), with the calibration the policy applied.
+    f = decision.forecast
+    assert f is not None and f.donor_after < 1.0
+    assert d.burst.rate >= max(peak, rate)
+    # A higher peak can only hold a switch back, never bring one on.
+    calmer = Demand(rate, prompt, output, d.prefill_s, samples, True, 0.0)
+    again = FluidRolePolicy(CFG, MODEL).observe(0.0, fleet(n_p, n_d, 3.0, 0.05, 0.05), calmer)
+    assert isinstance(again, SwitchDecision)
+
+
+def test_a_switch_that_would_overload_its_donor_at_the_peak_is_refused() -> None:
+    d = demand(30.0, 2000, 50)  # prefill-bound: the forecast wants D->P from 2P4D
+    fleet_ = fleet(2, 4, 3.0, 0.05, 0.05)
+    assert isinstance(FluidRolePolicy(CFG, MODEL).observe(0.0, fleet_, d), SwitchDecision)
+    # The same demand after a burst three decode workers could not carry.
+    ratio = MODEL.decode_ratio(d, 3)
+    burst = Demand(d.rate, d.prompt, d.output, d.prefill_s, d.samples, True, 30.0 * 1.2 / ratio)
+    policy = FluidRolePolicy(CFG, MODEL)
+    assert not isinstance(policy.observe(0.0, fleet_, burst), SwitchDecision)
+    assert policy.refused == 1 and policy.last_forecast is not None
+    assert policy.last_forecast.donor_after >= 1.0
+
+
+def test_few_arrivals_widen_the_rate_bounds() -> None:
+    few, many = (Demand(10.0, 1000, 100, 0.1, n, True) for n in (25, 2500))
+    assert few.low.rate < many.low.rate < 10.0 < many.burst.rate < few.burst.rate
+    assert math.isclose(few.low.rate, 10.0 * (1 - 2 / 5))
+    assert not Demand(10.0, 1000, 100, 0.1, 19, True).reliable
+
+
+def test_both_phases_saturated_is_no_reason_to_undo() -> None:
+    # Decode KV is reserved at dispatch: a prefill queue far past its deadlines fills DPI_adm
+    # while the decode batch idles. That does not refute the D->P switch.
+    policy = FluidRolePolicy(CFG, MODEL)
+    d = demand(30.0, 2000, 50)
+    first = policy.observe(0.0, fleet(2, 4, 3.0, 0.05, 0.05), d)
+    assert isinstance(first, SwitchDecision) and first.source is Role.DECODE
+    policy.switch_finished(first.worker, 1.0)
+    both = fleet(3, 3, 50.0, 0.05, 0.99)
+    assert not isinstance(policy.observe(12.0, both, d), SwitchDecision)
+    assert policy.undone == 0
+
+
+def test_peak_rate_sees_bursts_beyond_poisson_noise() -> None:
+    steady = DemandWindow(MODEL.prefill)
+    rng = __import__("random").Random(0)
+    t = 0.0
+    while t < 300.0:
+        t += rng.expovariate(5.0)
+        steady.add(t, 1000, 100)
+    d = steady.demand(300.0)
+    # A steady 5 req/s stream: the peak bin less one standard error stays near the mean.
+    assert 4.0 < d.peak_rate < 6.0
+    bursty = DemandWindow(MODEL.prefill)
+    for i in range(600):  # 20 req/s for 30 s, then 1 req/s
+        bursty.add(i / 20.0, 1000, 100)
+    for i in range(60):
+        bursty.add(30.0 + i, 1000, 100)
+    d = bursty.demand(90.0)
+    assert d.rate < 12.0 and d.peak_rate > 15.0
+    # Bins older than the hold period are forgotten.
+    assert bursty.demand(90.0 + bursty.hold_s).peak_rate < 2.0
+
+
+def test_uncalibrated_donor_of_a_switch_that_leaves_prefill_overloaded_must_hold_any_scale() -> (
+    None
+):
+    # 6 req/s of 8.5K-token prompts on 2P2D: P3 is still over its TTFT headroom, so
+    # FluidToken would push the excess onto the one decode worker left.
+    d = demand(6.0, 8500, 100)
+    split = Split(2, 2)
+    assert MODEL.prefill_ratio(d.burst, 3) >= 1.0
+    donor = MODEL.decode_ratio(d.burst, 1)
+    assert donor < 1.0 <= MAX_SCALE * donor
+    calibrated = MODEL.forecast(d, split, Role.DECODE, CFG.horizon_s, True, 0.1, 3.0)
+    unsettled = MODEL.forecast(d, split, Role.DECODE, CFG.horizon_s, True, None, 3.0)
+    assert calibrated.donor_after < 1.0 <= unsettled.donor_after
+    assert clearly_worth(calibrated, CFG.gain_margin) != clearly_worth(unsettled, CFG.gain_margin)
+    # A switch that brings prefill within capacity keeps the plain model's donor.
+    light = demand(3.0, 8500, 100)
+    assert MODEL.prefill_ratio(light.burst, 3) < 1.0
+    f = MODEL.forecast(light, split, Role.DECODE, CFG.horizon_s, True, None, 0.9)
+    assert math.isclose(f.donor_after, MODEL.decode_ratio(light.burst, 1))

@@ -271,8 +271,10 @@ def test_operator_deployment(helm: str) -> None:
         {"name": "metrics", "port": int(metrics_port), "targetPort": "metrics", "protocol": "TCP"}
     ]
     env = {e["name"]: e.get("value") for e in c["env"]}
-    assert env["FLUIDPD_SIDECAR_IMAGE"] == "ghcr.io/fluidpd/sidecar-sim:0.1.0"
-    assert env["FLUIDPD_ROUTER_IMAGE"] == "ghcr.io/fluidpd/router:0.1.0"
+    # One image for the router and sim workers (images/fluidpd).
+    assert env["FLUIDPD_SIDECAR_IMAGE"] == "ghcr.io/fluidpd/fluidpd:0.1.0"
+    assert env["FLUIDPD_ROUTER_IMAGE"] == "ghcr.io/fluidpd/fluidpd:0.1.0"
+    assert env["FLUIDPD_SGLANG_IMAGE"] == "ghcr.io/fluidpd/sglang-worker:0.1.0"
     assert env["FLUIDPD_LOG_LEVEL"] == "info"
     # The read-only root filesystem leaves a writable /tmp.
     assert {"name": "tmp", "mountPath": "/tmp"} in c["volumeMounts"]

@@ -60,7 +60,7 @@ def pins(path: Path) -> dict[str, str]:
 
 
 def test_every_image_is_here() -> None:
-    assert IMAGES == ["operator", "router", "sglang-worker", "sidecar-gpu", "sidecar-sim"]
+    assert IMAGES == ["fluidpd", "operator", "sglang-worker", "sidecar-gpu"]
     # The chart's default images are built from these directories.
     values = yaml.safe_load((ROOT / "helm" / "fluidpd" / "values.yaml").read_text())
     for image in values["image"].values():

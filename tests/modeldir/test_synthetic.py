@@ -83,3 +83,16 @@ def test_a_large_vocabulary_is_padded_with_reserved_tokens(tmp_path: Path) -> No
     tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
     assert size == len(tok) == 2000
     assert tok.decode([1999], skip_special_tokens=True) == ""
+
+
+@pytest.mark.parametrize(
+    ("pad_special", "decoded"), [(True, ""), (False, "<|reserved_special_token_0|>")]
+)
+def test_padding_tokens_are_skipped_only_when_special(
+    pad_special: bool, decoded: str, tmp_path: Path
+) -> None:
+    size = write_tokenizer(tmp_path, "llama", pad_to=2048, pad_special=pad_special)
+    assert size == 2048
+    tok = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    first_pad = tok.convert_tokens_to_ids("<|reserved_special_token_0|>")
+    assert tok.decode([first_pad], skip_special_tokens=True) == decoded

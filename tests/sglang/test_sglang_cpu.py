@@ -49,19 +49,6 @@ def _free_ports(n: int) -> list[int]:
     return ports
 
 
-@pytest.fixture(scope="module")
-def sglang_python() -> str:
-    out = subprocess.run(
-        ["sh", str(ROOT / "scripts/sglang/mkvenv.sh")],
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=900,
-    )
-    assert out.returncode == 0, f"mkvenv.sh failed: {out.stderr[-2000:]}"
-    return out.stdout.strip().splitlines()[-1]
-
-
 def _wait_ready(url: str, procs: list[subprocess.Popen[bytes]], timeout: float) -> None:
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
@@ -278,11 +265,19 @@ def test_observables_under_load(stack: Stack) -> None:
     assert info["mode"] == "prefill" and info["bootstrap_port"] and info["pid"]
 
 
-def test_role_switch_is_refused_not_faked(stack: Stack) -> None:
-    r = httpx.post(f"{stack.prefill}/role", json={"role": "decode"})
-    assert r.status_code == 409
-    assert "not implemented" in r.json()["detail"]
-    assert httpx.get(f"{stack.prefill}/role").json()["role"] == "prefill"
+def test_every_worker_is_launched_role_neutral(stack: Stack) -> None:
+    """FluidRole's launch (test_sglang_fluidrole switches them): both SGLang servers started as
+    the decode superset with a bootstrap server each; the prefill one was flipped in place."""
+    for url, role in ((stack.prefill, "prefill"), (stack.decode, "decode")):
+        info = httpx.get(f"{url}/v1/internal/sglang").json()
+        assert info["mode"] == role and info["bootstrap_port"], info
+        status = httpx.get(f"{url}/role").json()
+        assert (status["role"], status["state"], status["switches"]) == (role, "active", 0)
+        # Asking for the role it has is a no-op, not a switch.
+        r = httpx.post(f"{url}/role", json={"role": role})
+        assert r.status_code == 200 and r.json()["switches"] == 0
+    log = (stack.logs / "sglang-p0.log").read_text(errors="replace")
+    assert "disaggregation_mode='decode'" in log
 
 
 def test_crashed_sglang_is_restarted(stack: Stack) -> None:

@@ -31,7 +31,6 @@ randomness that depends only on ``(seed, k)``, so which worker sampled it does n
 from __future__ import annotations
 
 import asyncio
-import math
 import random
 import time
 import zlib
@@ -45,6 +44,7 @@ from fluidpd.api.sampling import SampledToken, SamplingParams
 from fluidpd.core.profile import Profile
 from fluidpd.core.scheduler.decode import DecodeBatch
 from fluidpd.core.scheduler.prefill import PrefillBatch
+from fluidpd.core.step_times import StepTimes
 from fluidpd.core.types import Role
 
 
@@ -159,14 +159,14 @@ class SimEngine:
     """Steps take the profile's predicted time (times drift and mean-one log-normal noise),
     slept on the event loop; tokens are a deterministic function of the request and position.
 
-    The same timing model as the discrete-event simulator, so live and simulated runs of a
-    workload can be compared. Tokens are drawn from ``vocab`` (a tokenizer's ordinary ids: no
-    special token, so no EOS, and a trace's output lengths are kept) by a hash of the prompt
-    (greedy: the same prompt always gives the same output, as with a real model), of the
-    prompt and seed (seeded sampling) or of the request id (unseeded sampling), and the
-    position; the same detokenization and stopping then run as with a real engine. Its
-    log-probabilities are synthetic (hash-drawn, the chosen token the most likely), so that
-    their plumbing and formats are exercised, not a model.
+    The same timing model as the discrete-event simulator (``fluidpd.core.step_times``), so live
+    and simulated runs of a workload can be compared. Tokens are drawn from ``vocab`` (a
+    tokenizer's ordinary ids: no special token, so no EOS, and a trace's output lengths are
+    kept) by a hash of the prompt (greedy: the same prompt always gives the same output, as with
+    a real model), of the prompt and seed (seeded sampling) or of the request id (unseeded
+    sampling), and the position; the same detokenization and stopping then run as with a real
+    engine. Its log-probabilities are synthetic (hash-drawn, the chosen token the most likely),
+    so that their plumbing and formats are exercised, not a model.
     """
 
     name = "sim"
@@ -190,18 +190,7 @@ class SimEngine:
         self._staged: dict[int, KVRegion] = {}
         self._loaded: list[int] = []
         self._requests: dict[int, _SimRequest] = {}
-        self._prefill = profile.prefill_predictor()
-        self._suffix = profile.suffix_predictor()
-        self._decode = profile.decode_predictor()
-        self._noise = noise
-        self._drift = drift
-        self._rng = random.Random(seed)
-
-    def _factor(self) -> float:
-        if self._noise <= 0:
-            return self._drift
-        s = self._noise
-        return self._drift * math.exp(self._rng.gauss(0.0, s) - 0.5 * s * s)
+        self._times = StepTimes(profile, noise, drift, random.Random(seed))
 
     async def _sleep(self, seconds: float) -> float:
         t0 = time.perf_counter()
@@ -243,17 +232,14 @@ class SimEngine:
             req.first = self._token(req, 0)
         if batch.prefix_tokens == 0:
             return 0.0
-        return await self._sleep(self._prefill.time(batch.prefix_tokens) * self._factor())
+        return await self._sleep(self._times.prefill(batch))
 
     def first_token(self, rid: int) -> SampledToken | None:
         req = self._requests.get(rid)
         return req.first if req is not None else None
 
     async def decode_step(self, batch: DecodeBatch) -> float:
-        t = self._decode.time(batch.batch, batch.context) if batch.batch else 0.0
-        for req in batch.suffix:
-            t += self._suffix.time(req.stolen)
-        return await self._sleep(t * self._factor())
+        return await self._sleep(self._times.decode(batch))
 
     def outputs(self, rid: int, start: int, stop: int) -> list[SampledToken]:
         req = self._requests.get(rid)

@@ -16,7 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from fluidpd import __version__
 from fluidpd.api.internal import PressureReport, RoleStatus
-from fluidpd_sidecar.service import BadRequest, Conflict, NotFound
+from fluidpd_sidecar.errors import BadRequest, Conflict, NotFound
 
 
 class _Config(Protocol):

@@ -9,12 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fluidpd.core.fluidtoken import (
-    FluidTokenConfig,
-    max_admissible_suffix,
-    steal_budget,
-    tpot_slack,
-)
+from fluidpd.core.fluidtoken import FluidTokenConfig, advertised_budget, tpot_slack
 from fluidpd.core.migration import Migrant, Peer
 from fluidpd.core.predictors import (
     DecodeIterPredictor,
@@ -488,18 +483,17 @@ class DecodeSide:
         return dpi_adm(self.allocatable(), self.kv_capacity)
 
     def steal_budget(self, n_prefill: int) -> float:
-        """Per-prefill-worker stealing budget this worker advertises (eqs. 12-17).
-
-        Suffix tokens already committed to us but not yet run are subtracted from the eq. (16)
-        bound, so that budgets refreshed every prefill iteration cannot pile up more stolen
-        work than one eligible iteration can absorb.
-        """
-        if not self.admitting or self.prealloc:
-            # Requests already wait for KV here: decode admission is the bottleneck, and an
-            # extend would only lengthen the iterations whose finishes free that KV.
-            return 0.0
-        n, ctx = len(self.active), self.context
-        slack = tpot_slack(self.slo.tpot, self.decode, n, ctx)
-        room = max_admissible_suffix(slack, self.token_cfg.eta, self.suffix)
-        room = max(0, room - self.pending_suffix_tokens)
-        return steal_budget(self.dpi_load(), room, n_prefill, self.token_cfg.dpi_load_high)
+        """Per-prefill-worker stealing budget this worker advertises (eqs. 12-17,
+        ``advertised_budget``); 0 while requests already wait for KV here."""
+        return advertised_budget(
+            self.slo.tpot,
+            self.decode,
+            self.suffix,
+            len(self.active),
+            self.context,
+            self.pending_suffix_tokens,
+            self.dpi_load(),
+            n_prefill,
+            self.token_cfg,
+            self.admitting and not self.prealloc,
+        )

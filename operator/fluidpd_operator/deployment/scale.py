@@ -10,7 +10,6 @@ from typing import Any
 
 import orjson
 
-from fluidpd.api.commands import ENGINES as SIDECAR_ENGINES
 from fluidpd.controller.loop import FluidRoleController, post_admin
 from fluidpd.core.fallback import ScaleDecision, ScaleDirection
 from fluidpd.core.types import Role
@@ -44,24 +43,6 @@ class PodsAndScale(DeploymentState):
         await self.refresh_pods()
         await self.converge_pods()
 
-    async def backend_runs(self) -> bool:
-        """A backend the CRD admits but this release's sidecar does not run (none since the
-        sidecar runs ``sglang``, issue #13): its workers would only crash-loop on the flag, so
-        none are made and Degraded says why.
-        """
-        backend = self.spec.engine.backend
-        if backend in SIDECAR_ENGINES:
-            return True
-        msg = (
-            f"engine.backend {backend!r}: this release's sidecar runs "
-            f"{' or '.join(SIDECAR_ENGINES)}; no workers are created"
-        )
-        self._errors.append(msg)
-        if not self._backend_warned:
-            self._backend_warned = True
-            await self.event(self.body, "UnsupportedBackend", msg, warning=True)
-        return False
-
     async def refresh_pods(self) -> PodView:
         selector = res.selector_string(res.worker_selector(self.name))
         self.view = PodView(await self.kube.list_pods(self.namespace, selector))
@@ -69,8 +50,6 @@ class PodsAndScale(DeploymentState):
 
     async def converge_pods(self) -> None:
         """Create missing workers; pick and retire surplus ones (never delete a busy one)."""
-        if not await self.backend_runs():
-            return
         view = self.view
         serving = view.serving
         missing = self.target_workers - len(serving)
@@ -82,7 +61,8 @@ class PodsAndScale(DeploymentState):
                 f"{self.name}-worker", (_meta(p)["name"] for p in view.pods), missing
             )
             for pod_name, role in zip(names, roles, strict=True):
-                pod = res.worker_pod(self.body, self.spec, pod_name, role, self.cfg.sidecar_image)
+                image = self.cfg.worker_image(self.spec.engine.backend)
+                pod = res.worker_pod(self.body, self.spec, pod_name, role, image)
                 try:
                     await self.kube.create(self.namespace, pod)
                 except KubeError as exc:

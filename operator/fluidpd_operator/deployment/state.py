@@ -60,7 +60,6 @@ class DeploymentState:
         self._inherited: set[str] | None = None
         self._scale_hint: Role | None = None
         self._errors: list[str] = []
-        self._backend_warned = False
         self.last_switch: dict[str, Any] | None = body.get("status", {}).get("lastSwitch")
         self.routers_ready = 0
         self._router_urls: list[str] = []

@@ -14,9 +14,11 @@ from fluidpd.api.internal import (
     DecodeHalf,
     PrefillHalf,
     PrefillOutcome,
+    Released,
     RetireRequest,
     RoleRequest,
     RoleStatus,
+    SuffixCommit,
 )
 from fluidpd_sidecar.http_base import worker_app
 from fluidpd_sidecar.sglang.service import SglangService
@@ -28,13 +30,22 @@ def create_app(service: SglangService) -> FastAPI:
     title = f"FluidPD sglang worker sidecar {service.cfg.worker_id}"
     app, Admin = worker_app(service, title, service.ready)
 
-    @app.post("/role", dependencies=[Admin], responses={409: {"description": "not supported"}})
+    @app.post("/role", dependencies=[Admin], responses={409: {"description": "not now"}})
     async def post_role(body: RoleRequest) -> RoleStatus:
-        return service.request_role(body.role)
+        return service.request_role(body)
 
     @app.post("/retire", dependencies=[Admin])
     async def post_retire(body: RetireRequest) -> RoleStatus:
-        return service.retire()
+        return service.retire(body)
+
+    @app.delete("/retire", dependencies=[Admin])
+    async def delete_retire() -> RoleStatus:
+        """Calls off a retirement: the worker returns to service in its role (idempotent)."""
+        return service.cancel_retire()
+
+    @app.post("/v1/internal/release", dependencies=[Admin])
+    async def release(body: Abort) -> Released:
+        return Released(released=await service.release(body.rid))
 
     @app.get("/v1/internal/sglang", dependencies=[Admin])
     async def sglang_info() -> dict[str, Any]:
@@ -59,6 +70,10 @@ def create_app(service: SglangService) -> FastAPI:
 
     @app.get("/v1/internal/budget", dependencies=[Admin])
     async def budget() -> dict[str, Any]:
-        return {"worker": service.cfg.worker_id, "budget": 0.0}
+        return {"worker": service.cfg.worker_id, "budget": service.budget()}
+
+    @app.post("/v1/internal/suffix", dependencies=[Admin])
+    async def suffix(body: SuffixCommit) -> dict[str, Any]:
+        return {"budget": await service.suffix_committed(body)}
 
     return app

@@ -21,6 +21,8 @@ from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from fluidpd_sidecar.sglang import fluidtoken_hook, roleswitch
+
 PORT_ENV = "FLUIDPD_SGLANG_HOOK_PORT"
 #: Steps kept for the step-time window of a snapshot.
 STEPS_KEPT = 256
@@ -98,6 +100,8 @@ def snapshot() -> dict[str, Any]:
         "kv_pre_allocated": pre_allocated,
         "n_steps": n_steps,
         "steps": steps,
+        **fluidtoken_hook.snapshot_fields(),
+        **roleswitch.snapshot_fields(s),
     }
 
 
@@ -133,6 +137,7 @@ def _wrap_init(cls: Any) -> None:
     def init(self: Any, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
         _state["scheduler"] = self  # observable before the first batch runs
+        fluidtoken_hook.bind(self)
 
     cls.__init__ = init
 
@@ -151,6 +156,25 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def do_POST(self) -> None:
+        """FluidToken's splits (``fluidtoken_hook.handle_post``: /split, /forget) and FluidRole's
+        commands (``roleswitch``: /role, /unstarted, run on the scheduler's loop thread)."""
+        try:
+            n = int(self.headers.get("Content-Length", "0") or 0)
+            args = json.loads(self.rfile.read(n) or b"{}")
+            if self.path in ("/split", "/forget"):
+                code, out = fluidtoken_hook.handle_post(self.path, args)
+            else:
+                code, out = roleswitch.submit(self.path.strip("/"), args)
+        except ValueError as exc:
+            code, out = 400, {"error": f"bad JSON: {exc}"}
+        body = json.dumps(out).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
     def log_message(self, format: str, *args: Any) -> None:
         return
 
@@ -161,6 +185,9 @@ def install() -> None:
 
     _wrap_init(Scheduler)
     _wrap_run_batch(Scheduler)
+    fluidtoken_hook.install(Scheduler)
+    if roleswitch.enabled():
+        roleswitch.install(Scheduler)
     port = int(os.environ.get(PORT_ENV, "0") or 0)
     if port:
         server = ThreadingHTTPServer(("127.0.0.1", port), _Handler)

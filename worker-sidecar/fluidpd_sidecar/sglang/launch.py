@@ -22,8 +22,11 @@ def main(argv: list[str]) -> None:
     from sglang.srt.server_args import prepare_server_args  # noqa: PLC0415
     from sglang.srt.utils import kill_process_tree  # noqa: PLC0415
 
+    from fluidpd_sidecar.sglang import roleswitch  # noqa: PLC0415
     from fluidpd_sidecar.sglang.hook import run_scheduler_process  # noqa: PLC0415
 
+    if roleswitch.enabled():
+        roleswitch.serve_bootstrap_everywhere()
     server_args = prepare_server_args(argv)
     try:
         launch_server(server_args, run_scheduler_process_func=run_scheduler_process)

@@ -6,7 +6,8 @@ state instead of FluidPD's scheduler bookkeeping: the prefill queue is SGLang's 
 started), each request with its prompt length and the router's arrival time (the sidecar
 knows it; SGLang's queue-entry stamp is the fallback); the decode side's batch, used KV,
 pre-allocated (reserved, transfer not yet landed) KV and capacity come straight from the
-scheduler. Stealing is not run on SGLang yet, so the advertised budget is 0.
+scheduler. The advertised stealing budget is filled in by the service
+(``fluidtoken.DecodeSplits.budget``, from this report's DPI_load and the same snapshot).
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import re
 import signal
 import socket
 import time
@@ -20,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
+import aiohttp
 
 log = logging.getLogger("fluidpd.sidecar.sglang")
 
@@ -58,6 +59,9 @@ class SglangConfig:
     #: Crashes after a successful start that are restarted before the sidecar gives up.
     max_restarts: int = 2
     env: dict[str, str] = field(default_factory=dict)
+    #: FluidRole worker (``roleswitch``): launched as a decode server whatever ``mode`` (the
+    #: role it starts in) says, with a bootstrap server of its own, and flipped in place.
+    fluidrole: bool = False
 
     @property
     def cpu(self) -> bool:
@@ -94,7 +98,8 @@ def server_command(cfg: SglangConfig) -> list[str]:
     if cfg.load_format is not None:
         argv += ["--load-format", cfg.load_format]
     if cfg.mode != "null":
-        argv += ["--disaggregation-mode", cfg.mode]
+        # A FluidRole worker starts as the role-neutral superset (roleswitch's docstring).
+        argv += ["--disaggregation-mode", "decode" if cfg.fluidrole else cfg.mode]
         if cfg.transfer_backend:
             argv += ["--disaggregation-transfer-backend", cfg.transfer_backend]
         if cfg.bootstrap_port is not None:
@@ -113,6 +118,8 @@ def server_env(cfg: SglangConfig, base: dict[str, str] | None = None) -> dict[st
     env["PYTHONPATH"] = os.pathsep.join(paths)
     env["FLUIDPD_SGLANG_HOOK_PORT"] = str(cfg.hook_port)
     env["PYTHONUNBUFFERED"] = "1"
+    if cfg.fluidrole:
+        env["FLUIDPD_SGLANG_FLUIDROLE"] = "1"
     if cfg.device.startswith("cuda:"):
         env["CUDA_VISIBLE_DEVICES"] = cfg.device.split(":", 1)[1]
     if cfg.transfer_backend == "mooncake":
@@ -122,12 +129,57 @@ def server_env(cfg: SglangConfig, base: dict[str, str] | None = None) -> dict[st
     return env
 
 
-def log_tail(path: Path, lines: int = 8) -> str:
-    try:
-        text = path.read_text(errors="replace").splitlines()
-    except OSError:
+def exit_status(code: int) -> str:
+    """How a process ended, in words (SGLang kills its own process tree with SIGKILL once a
+    child has failed, so -9 is common and does not by itself mean the kernel's OOM killer)."""
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"exited with status {code} ({signal.Signals(-code).name})"
+    return f"exited with status {code}"
+
+
+def log_tail(path: Path, lines: int = 8, start: int = 0) -> str:
+    """The last ``lines`` non-empty lines of the log from byte ``start`` on, joined by " | "."""
+    text = _log_lines(path, start)
+    if text is None:
         return "(no log)"
     return " | ".join(line.strip() for line in text[-lines:] if line.strip())
+
+
+def _log_lines(path: Path, start: int) -> list[str] | None:
+    try:
+        with path.open("rb") as f:
+            f.seek(start)
+            return f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return None
+
+
+#: A Python exception line as a traceback ends (``ValueError: ...``,
+#: ``safetensors._safetensors_rust.SafetensorError: ...``, ``torch.OutOfMemoryError: ...``).
+_EXCEPTION = re.compile(r"^(?:\[[^\]]*\]\s*)?([A-Za-z_][\w.]*(?:Error|Exception|Exit)):\s*(.+)$")
+#: SGLang's own way of saying "the scheduler failed" after the real error (not the cause).
+_WRAPPERS = ("Initialization failed", "Rank 0 scheduler is dead")
+
+
+def start_failure(path: Path, start: int = 0, limit: int = 400) -> str:
+    """Why SGLang died, in one line: the last exception a traceback in its log (from byte
+    ``start``, i.e. this start's part) ended with, else the log's last lines, and the log's
+    path to read the rest. SGLang prints the scheduler's traceback and then only that a child
+    failed; the exception line is what a user needs (a bad model directory, memory)."""
+    lines = _log_lines(path, start)
+    if lines is None:
+        return f"(no log at {path})"
+    cause = None
+    for line in lines:
+        m = _EXCEPTION.match(line.strip())
+        if m and not any(w in m.group(2) for w in _WRAPPERS):
+            cause = f"{m.group(1)}: {m.group(2).strip()}"
+    if cause is None:
+        cause = " | ".join(line.strip() for line in lines[-3:] if line.strip()) or "(empty log)"
+    if len(cause) > limit:
+        cause = cause[: limit - 3] + "..."
+    return f"{cause} (log: {path})"
 
 
 class SglangServer:
@@ -144,6 +196,7 @@ class SglangServer:
         self.failed: str | None = None
         self.healthy = False
         self._stopping = False
+        self._log_start = 0
 
     @property
     def pid(self) -> int | None:
@@ -153,6 +206,8 @@ class SglangServer:
         cfg = self.cfg
         cfg.log_path.parent.mkdir(parents=True, exist_ok=True)
         logf = cfg.log_path.open("ab")
+        # The log is appended to across restarts: errors quote this start's part only.
+        log_start = self._log_start = logf.tell()
         t0 = time.monotonic()
         try:
             self.proc = await asyncio.create_subprocess_exec(
@@ -169,23 +224,23 @@ class SglangServer:
             logf.close()
         self.starts += 1
         self.healthy = False
-        async with httpx.AsyncClient(timeout=5.0) as client:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5.0)) as client:
             while True:
                 if self.proc.returncode is not None:
                     raise SglangError(
-                        f"SGLang exited with status {self.proc.returncode} while starting: "
-                        f"{log_tail(cfg.log_path)}"
+                        f"SGLang {exit_status(self.proc.returncode)} while starting: "
+                        f"{start_failure(cfg.log_path, log_start)}"
                     )
                 if time.monotonic() - t0 > cfg.start_timeout_s:
                     await self._kill()
                     raise SglangError(
                         f"SGLang did not become healthy within {cfg.start_timeout_s:.0f} s: "
-                        f"{log_tail(cfg.log_path)}"
+                        f"{start_failure(cfg.log_path, log_start)}"
                     )
-                with contextlib.suppress(httpx.HTTPError):
-                    r = await client.get(f"{cfg.url}/health")
-                    if r.status_code == 200:
-                        break
+                with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                    async with client.get(f"{cfg.url}/health") as r:
+                        if r.status == 200:
+                            break
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self.proc.wait(), 1.0)
         self.start_s = time.monotonic() - t0
@@ -200,8 +255,8 @@ class SglangServer:
             self.healthy = False
             if self._stopping:
                 return
-            reason = f"SGLang (pid {self.proc.pid}) exited with status {code}: "
-            reason += log_tail(self.cfg.log_path)
+            reason = f"SGLang (pid {self.proc.pid}) {exit_status(code)}: "
+            reason += start_failure(self.cfg.log_path, self._log_start)
             if self.restarts >= self.cfg.max_restarts:
                 self.failed = reason
                 log.error("%s; giving up after %d restarts", reason, self.restarts)

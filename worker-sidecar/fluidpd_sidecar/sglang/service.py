@@ -9,9 +9,14 @@ the decode sidecar looks up the prefill server's bootstrap address from the pref
 decode``), detokenizes and stops them (``fluidpd_sidecar.stopping``), and streams
 ``DecodeEvent`` lines to the router, exactly as the other engines' sidecars do.
 
-Not on SGLang yet: FluidToken (every prompt is prefilled whole, beta = 0), in-place role
-switches (``POST /role`` is refused with 409) and drain ``migrate``. ``/pressure`` and
-``/metrics`` come from the scheduler hook (``observe``).
+FluidToken (``fluidtoken``): the prefill sidecar's core scheduler decides each request's split
+and sends SGLang only the prefix; the decode sidecar registers the split with SGLang's
+FluidToken hook, which runs the suffix as a real extend. ``--no-fluidtoken`` without
+``--force-steal`` sends every half straight to SGLang (beta = 0, SGLang's own batching).
+FluidRole: ``POST /role`` switches the running SGLang server in place (``fluidrole`` drives
+the core's role state machine, ``roleswitch`` flips SGLang's scheduler); drain ``wait`` only
+(``migrate`` falls back to it). ``/pressure`` and ``/metrics`` come from the scheduler hook
+(``observe``).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
-import httpx
+import aiohttp
 import orjson
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -40,20 +45,46 @@ from fluidpd.api.internal import (
     PrefillOutcome,
     PressureReport,
     RequestHalf,
+    RetireRequest,
+    RoleRequest,
     RoleStatus,
+    SuffixCommit,
 )
-from fluidpd.core.types import Request, Role, RoleState
+from fluidpd.core.types import Request, Role
 from fluidpd.modeldir.text import TokenText
+from fluidpd_sidecar.config import SidecarConfig
+from fluidpd_sidecar.errors import BadRequest, Conflict
+from fluidpd_sidecar.halves import check_half
 from fluidpd_sidecar.metrics import SidecarMetrics
-from fluidpd_sidecar.service import Conflict, SidecarConfig, check_half
+from fluidpd_sidecar.peers import Peers
+from fluidpd_sidecar.sglang.fluidrole import RoleDriver, SwitchGauges
+from fluidpd_sidecar.sglang.fluidtoken import DecodeSplits, PrefillPlanner
 from fluidpd_sidecar.sglang.observe import pressure_report, step_gauges
 from fluidpd_sidecar.sglang.server import SglangError, SglangServer
 from fluidpd_sidecar.sglang.wire import generate_body, new_tokens
 from fluidpd_sidecar.stopping import OutputStream
 
 log = logging.getLogger("fluidpd.sidecar.sglang")
-# The hook is polled 20 times a second; httpx logs every request at INFO.
-logging.getLogger("httpx").setLevel(logging.WARNING)
+#: Reading the hook's snapshot.
+_SHORT = aiohttp.ClientTimeout(total=2.0)
+#: Asking the prefill sidecar for its bootstrap address; asking SGLang to abort a request.
+_PEER = aiohttp.ClientTimeout(total=5.0)
+
+
+async def _lines(content: aiohttp.StreamReader) -> AsyncIterator[str]:
+    """A streamed body's lines, of any length. SGLang's streamed answers are cumulative (every
+    chunk repeats the ids and log-probabilities so far), so a long output's lines outgrow the
+    128 KiB that aiohttp's own line iterator allows."""
+    buf = bytearray()
+    async for chunk in content.iter_any():
+        buf.extend(chunk)
+        start = 0
+        while (end := buf.find(b"\n", start)) >= 0:
+            yield buf[start:end].rstrip(b"\r").decode(errors="replace")
+            start = end + 1
+        del buf[:start]
+    if buf:
+        yield buf.decode(errors="replace")
 
 
 class _StepGauges(Collector):
@@ -84,6 +115,8 @@ class _Half:
     req: Request
     events: asyncio.Queue[DecodeEvent | None] = field(default_factory=asyncio.Queue)
     task: asyncio.Task[None] | None = None
+    #: The prefill peer of a decode half (a draining decode worker asks it to release).
+    prefill_url: str = ""
 
 
 class SglangService:
@@ -98,37 +131,64 @@ class SglangService:
         self.cfg = cfg
         self.server = server
         self.text = text
-        self.role = cfg.role
         self.exit_on_failure = exit_on_failure
         #: Set when SGLang could not be started or died for good (NotReady with this reason).
         self.failed: str | None = None
-        self.retiring = False
         self.halves: dict[int, _Half] = {}
         self._bootstraps: dict[str, tuple[str, int]] = {}
         #: The hook's last snapshot of SGLang's scheduler (``fluidpd_sidecar.sglang.hook``).
         self.snapshot: dict[str, Any] = {}
         self._tasks: list[asyncio.Task[None]] = []
-        self._client: httpx.AsyncClient | None = None
+        self._client: aiohttp.ClientSession | None = None
         self.metrics = SidecarMetrics(self)  # type: ignore[arg-type]  # same surface it reads
         self.metrics.registry.register(_StepGauges(self))
+        self.n_prefill = 1
+        self.peers = Peers(cfg.admin_token)
+        hook_url = f"http://127.0.0.1:{server.cfg.hook_port}"
+        self.planner = PrefillPlanner(
+            cfg.worker_id, cfg.profile, cfg.slo, cfg.token_cfg, cfg.force_steal, self.peers,
+            self._prefill_sglang, self._abort_sglang, hook_url, cfg.budget_refresh_s,
+        )  # fmt: skip
+        self.splits = DecodeSplits(cfg.profile, cfg.slo, cfg.token_cfg, hook_url)
+        self.fluidrole = RoleDriver(self)
+        self.metrics.registry.register(SwitchGauges(self.fluidrole))
+
+    @property
+    def role(self) -> Role:
+        return self.fluidrole.role
+
+    @property
+    def retiring(self) -> bool:
+        return self.fluidrole.sm.retiring
+
+    @property
+    def client(self) -> aiohttp.ClientSession:
+        assert self._client is not None, "the service is not started"
+        return self._client
 
     # -- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:
-        self._client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0))
+        # No overall limit: a prefill answers when its KV is shipped, a decode streams for as
+        # long as the request runs.
+        self._client = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, connect=5.0))
         self._tasks = [
             asyncio.create_task(self._supervise(), name="sglang-supervisor"),
             asyncio.create_task(self._poll_hook(), name="sglang-hook-poller"),
         ]
+        self.planner.start()
 
     async def stop(self) -> None:
+        await self.fluidrole.stop()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        await self.planner.stop()
+        await self.peers.close()
         await self.server.stop()
         if self._client is not None:
-            await self._client.aclose()
+            await self._client.close()
 
     def _fail(self, reason: str) -> None:
         self.failed = reason
@@ -150,15 +210,19 @@ class SglangService:
     async def _poll_hook(self) -> None:
         """The hook's snapshot, refreshed every 50 ms (the router polls /pressure at 2 Hz and
         the controller reads it; scraping must not wait on SGLang)."""
-        url = f"http://127.0.0.1:{self.server.cfg.hook_port}/"
         assert self._client is not None
         while True:
             if self.server.healthy:
-                with contextlib.suppress(httpx.HTTPError, ValueError):
-                    r = await self._client.get(url, timeout=2.0)
-                    if r.status_code == 200:
-                        self.snapshot = r.json()
+                with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError):
+                    await self.refresh_snapshot()
+                await self.fluidrole.sync_engine()
             await asyncio.sleep(0.05)
+
+    async def refresh_snapshot(self) -> None:
+        url = f"http://127.0.0.1:{self.server.cfg.hook_port}/"
+        async with self.client.get(url, timeout=_SHORT) as r:
+            if r.status == 200:
+                self.snapshot = await r.json(content_type=None)
 
     def ready(self) -> tuple[bool, str]:
         if self.failed:
@@ -167,13 +231,28 @@ class SglangService:
             return False, "SGLang starting" if self.server.starts <= 1 else "SGLang restarting"
         if self.retiring:
             return False, "retiring"
+        if self.fluidrole.sm.accepting and not self.fluidrole.engine_in_role():
+            return False, f"SGLang starting as {self.role.value}"
         return True, "ready"
 
     # -- signals ------------------------------------------------------------------------------
+    @property
+    def fluidtoken(self) -> bool:
+        """Halves go through FluidToken's planner (else straight to SGLang, beta = 0)."""
+        return self.cfg.token_cfg.enabled or self.cfg.force_steal is not None
+
     def pressure(self, n_prefill: int | None = None) -> PressureReport:
+        if n_prefill:
+            self.n_prefill = self.splits.n_prefill = n_prefill
         arrivals = {str(rid): h.req.arrival for rid, h in self.halves.items()}
-        return pressure_report(
-            self.snapshot,
+        snap = self.snapshot
+        if self.role is Role.PREFILL and self.planner.queued:
+            # Held by the planner, not yet given to SGLang: schedulable (SGLang's own bootstrap
+            # gates the one it runs), so prefill pressure like SGLang's waiting queue.
+            snap = {**snap, "waiting": [*snap.get("waiting", []),
+                                        *self.planner.queue_entries()]}  # fmt: skip
+        report = pressure_report(
+            snap,
             worker=self.cfg.worker_id,
             role=self.role,
             profile=self.cfg.profile,
@@ -183,38 +262,54 @@ class SglangService:
             retiring=self.retiring,
             in_flight=len(self.halves),
         )
+        if self.role is Role.PREFILL:
+            report = report.model_copy(update={"stolen_tokens": self.planner.stolen_tokens})
+        else:
+            budget = self.splits.budget(snap, report, admitting=not self.retiring)
+            report = report.model_copy(update={"steal_budget": budget})
+        return self.fluidrole.report(report)
+
+    def budget(self) -> float:
+        return self.pressure().steal_budget if self.role is Role.DECODE else 0.0
+
+    async def suffix_committed(self, body: SuffixCommit) -> float:
+        """A prefill peer stole ``tokens`` of this request's prompt: SGLang's FluidToken hook
+        must know before the prefix KV lands (the peer waits for this answer)."""
+        if self.role is not Role.DECODE:
+            raise Conflict(f"worker {self.cfg.worker_id} is {self.role.value}, not decode")
+        assert self._client is not None
+        try:
+            await self.splits.register(self._client, body)
+        except (aiohttp.ClientError, TimeoutError, RuntimeError) as exc:
+            raise BadRequest(f"split of request {body.rid} not registered: {exc}") from exc
+        return self.budget()
 
     def role_status(self) -> RoleStatus:
-        return RoleStatus(
-            worker=self.cfg.worker_id,
-            role=self.role,
-            state=RoleState.ACTIVE,
-            target=None,
-            since=0.0,
-            switches=0,
-            retiring=self.retiring,
-        )
+        return self.fluidrole.status()
 
-    def request_role(self, role: Role) -> RoleStatus:
-        if role is self.role:
-            return self.role_status()
-        raise Conflict(
-            "in-place role switching is not implemented for the sglang engine yet "
-            "(SGLang 0.5.17 has none)"
-        )
+    def request_role(self, body: RoleRequest) -> RoleStatus:
+        return self.fluidrole.request(body)
 
-    def retire(self) -> RoleStatus:
+    def retire(self, body: RetireRequest | None = None) -> RoleStatus:
         """Scale-in: take no more halves; /pressure says ``drained`` once none is in flight."""
-        self.retiring = True
-        return self.role_status()
+        return self.fluidrole.retire(body or RetireRequest())
+
+    def cancel_retire(self) -> RoleStatus:
+        return self.fluidrole.cancel_retire()
+
+    async def release(self, rid: int) -> bool:
+        return await self.fluidrole.release(rid)
 
     def bootstrap_info(self) -> dict[str, Any]:
         cfg = self.server.cfg
         return {
-            "mode": cfg.mode,
+            # SGLang's live role (a FluidRole worker is launched as decode and flipped).
+            "mode": self.snapshot.get("mode", cfg.mode),
             "bootstrap_host": urlparse(self.cfg.url).hostname or cfg.host,
             "bootstrap_port": cfg.bootstrap_port,
             "pid": self.server.pid,
+            # The scheduler process, where a role switch happens (the hook's own pid).
+            "scheduler_pid": self.snapshot.get("pid"),
             "url": cfg.url,
             "start_s": self.server.start_s,
             "restarts": self.server.restarts,
@@ -224,6 +319,9 @@ class SglangService:
     def _check(self, half: RequestHalf, role: Role) -> None:
         if self.role is not role:
             raise Conflict(f"worker {self.cfg.worker_id} is {self.role.value}, not {role.value}")
+        if not self.fluidrole.sm.accepting:
+            state = self.fluidrole.sm.state.value
+            raise Conflict(f"worker {self.cfg.worker_id} is {state}; not taking work")
         ok, why = self.ready()
         if not ok:
             raise Conflict(f"worker {self.cfg.worker_id} not taking work: {why}")
@@ -241,25 +339,38 @@ class SglangService:
         self._check(half, Role.PREFILL)
         state = _Half(Request(half.rid, half.arrival, half.prompt_len, half.max_new_tokens))
         self.halves[half.rid] = state
-        body = generate_body(
-            half.rid, half.prompt_ids, half.sampling, self._own_bootstrap(), stream=False
-        )
+        try:
+            if self.fluidtoken:
+                return await self.planner.prefill(half)
+            return await self._prefill_sglang(half, half.prompt_ids)
+        finally:
+            self.halves.pop(half.rid, None)
+            self.fluidrole.repair.discard(half.rid)
+
+    async def _prefill_sglang(self, half: PrefillHalf, ids: list[int]) -> PrefillOutcome:
+        """``ids`` (the prompt, or the prefix FluidToken left here) through SGLang's prefill
+        server; its answer comes once the KV has gone to the decode server."""
+        body = generate_body(half.rid, ids, half.sampling, self._own_bootstrap(), stream=False)
         try:
             assert self._client is not None
-            r = await self._client.post(f"{self.server.cfg.url}/generate", json=body)
-            if r.status_code != 200:
-                return PrefillOutcome(status="cancelled", detail=f"SGLang: {r.text[:200]}")
-            meta = r.json().get("meta_info") or {}
+            async with self._client.post(f"{self.server.cfg.url}/generate", json=body) as r:
+                if r.status != 200:
+                    text = await r.text(errors="replace")
+                    return PrefillOutcome(status="cancelled", detail=f"SGLang: {text[:200]}")
+                meta = (await r.json(content_type=None)).get("meta_info") or {}
             if (meta.get("finish_reason") or {}).get("type") == "abort":
+                if half.rid in self.fluidrole.repair:  # turned back by a drain: pair again
+                    return PrefillOutcome(status="reroute", detail="worker draining")
                 return PrefillOutcome(status="cancelled", detail="aborted")
             return PrefillOutcome(status="done", stolen=0)
-        except httpx.HTTPError as exc:
+        except (aiohttp.ClientError, TimeoutError) as exc:
             return PrefillOutcome(status="cancelled", detail=f"SGLang unreachable: {exc}")
         except asyncio.CancelledError:
             await self._abort_sglang(half.rid)
             raise
-        finally:
-            self.halves.pop(half.rid, None)
+
+    async def peer_post(self, url: str, path: str, body: Abort) -> dict[str, Any]:
+        return await self.peers.post(url, path, body)
 
     async def _peer_bootstrap(self, prefill_url: str) -> tuple[str, int]:
         hit = self._bootstraps.get(prefill_url)
@@ -269,11 +380,11 @@ class SglangService:
         headers = {}
         if self.cfg.admin_token:
             headers["Authorization"] = f"Bearer {self.cfg.admin_token}"
-        r = await self._client.get(
-            f"{prefill_url.rstrip('/')}/v1/internal/sglang", headers=headers, timeout=5.0
-        )
-        r.raise_for_status()
-        info = r.json()
+        async with self._client.get(
+            f"{prefill_url.rstrip('/')}/v1/internal/sglang", headers=headers, timeout=_PEER
+        ) as r:
+            r.raise_for_status()
+            info = await r.json(content_type=None)
         if info.get("bootstrap_port") is None:
             raise RuntimeError(f"{prefill_url} is not an SGLang prefill worker")
         hit = (str(info["bootstrap_host"]), int(info["bootstrap_port"]))
@@ -283,6 +394,7 @@ class SglangService:
     def accept_decode(self, half: DecodeHalf) -> AsyncIterator[bytes]:
         self._check(half, Role.DECODE)
         state = _Half(Request(half.rid, half.arrival, half.prompt_len, half.max_new_tokens))
+        state.prefill_url = half.prefill_url
         self.halves[half.rid] = state
         state.task = asyncio.create_task(self._decode(half, state), name=f"decode-{half.rid}")
         return self._events(half.rid, state)
@@ -295,14 +407,12 @@ class SglangService:
             bootstrap = await self._peer_bootstrap(half.prefill_url)
             body = generate_body(half.rid, half.prompt_ids, half.sampling, bootstrap, stream=True)
             assert self._client is not None
-            async with self._client.stream(
-                "POST", f"{self.server.cfg.url}/generate", json=body
-            ) as r:
-                if r.status_code != 200:
-                    detail = (await r.aread()).decode(errors="replace")[:200]
+            async with self._client.post(f"{self.server.cfg.url}/generate", json=body) as r:
+                if r.status != 200:
+                    detail = (await r.read()).decode(errors="replace")[:200]
                     state.events.put_nowait(DecodeEvent(event="error", detail=f"SGLang: {detail}"))
                     return
-                async for line in r.aiter_lines():
+                async for line in _lines(r.content):
                     if not line.startswith("data:"):
                         continue
                     data = line[5:].strip()
@@ -333,12 +443,16 @@ class SglangService:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
+            if half.rid in self.fluidrole.repair and not seen:  # turned back by a drain
+                state.events.put_nowait(DecodeEvent(event="reroute", detail="worker draining"))
+                return
             log.warning("decode half %d failed: %s", half.rid, exc)
             state.events.put_nowait(DecodeEvent(event="error", detail=str(exc)[:300]))
         finally:
             if seen < half.max_new_tokens and stream.finish is not None:
                 # Stopped by FluidPD (a stop string) before SGLang would have: free it there.
                 await self._abort_sglang(half.rid)
+            self.fluidrole.repair.discard(half.rid)
             state.events.put_nowait(None)
 
     def _emit(self, state: _Half, stream: OutputStream, t: float, final: bool = False) -> None:
@@ -362,13 +476,17 @@ class SglangService:
             if state.task is not None and not state.task.done():
                 state.task.cancel()  # the router went away: closing SGLang's stream aborts it
 
+    async def abort_sglang(self, rid: int) -> None:
+        await self._abort_sglang(rid)
+
     async def _abort_sglang(self, rid: int) -> None:
         if self._client is None:
             return
-        with contextlib.suppress(httpx.HTTPError):
-            await self._client.post(
-                f"{self.server.cfg.url}/abort_request", json={"rid": str(rid)}, timeout=5.0
-            )
+        with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+            async with self._client.post(
+                f"{self.server.cfg.url}/abort_request", json={"rid": str(rid)}, timeout=_PEER
+            ):
+                pass
 
     async def abort(self, body: Abort) -> bool:
         state = self.halves.get(body.rid)

@@ -1,0 +1,1 @@
+/work/wt14/.venv/bin/python -m fluidpd.cli.main controller --router http://127.0.0.1:59651 --ppi-low 0.6 --ppi-high 1.0 --dpi-load-high 0.6 --dpi-adm-high 0.2 --interval 1.0 --window 10.0 --n-persist 3 --cooldown 5.0 --reversal-cooldown 300.0 --drain-mode migrate --switch-rule predictive --switch-budget 2 --min-prefill 1 --min-decode 1 --log-level info

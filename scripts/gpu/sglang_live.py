@@ -1,0 +1,253 @@
+"""Live 2P2D on the one GPU: four SGLang 0.5.17 servers, each under ``fluidpd sidecar --engine
+sglang`` (Llama-3.1-8B shape, dummy weights, SGLang's own P/D with KV over Mooncake TCP), and
+``fluidpd replay`` of a slice of the Azure mixed workload against them twice:
+
+1. ``static``: plain SGLang P/D, sglang_minilb.py (SGLang's mini_lb protocol: a random prefill
+   and decode server per request) straight onto the four SGLang servers, no FluidPD code;
+2. ``fluidpd``: FluidPD's router -> the sidecars (FluidToken as the sidecar runs it) plus
+   FluidPD's controller (FluidRole) for the length of the replay.
+
+Same servers, same slice, same rate, one after the other. The slice (a CSV in the Azure
+columns, made here by sglang_slice.py from shared/data/traces) travels in .sglwhl/slice.
+Optional CUDA MPS (set up by sglang_live.sh): each worker's SGLang process gets
+CUDA_MPS_ACTIVE_THREAD_PERCENTAGE. Writes OUT/live.json (progress, attainment, the router's
+switch stats, each worker's /pressure after each run), OUT/results.json (replay's runs) and
+OUT/table.txt (``fluidpd summary``).
+
+usage: python3 scripts/gpu/sglang_live.py --out $OUT --slice .sglwhl/slice/azure-mixed-slice.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sglang_bench import make_model_dir
+from sglang_stack import (
+    FLUIDPD,
+    Stack,
+    Worker,
+    complete,
+    sglang_info,
+    start_minilb,
+    term_as_interrupt,
+    wait_ready,
+    write_json,
+)
+
+from fluidpd_sidecar.sglang.server import free_ports
+
+
+def replay(
+    args: argparse.Namespace, endpoint: str, label: str, out: Path, token: str, seed: int = 0
+) -> dict[str, Any]:
+    argv = [
+        *FLUIDPD, "replay", "--endpoint", endpoint, "--workload", args.slice,
+        "--rps", str(args.rps), "--num-requests", str(args.requests), "--seed", str(seed),
+        "--context-limit", str(args.context_limit), "--ttft-slo", str(args.ttft_slo),
+        "--tpot-slo", str(args.tpot_slo), "--timeout", str(args.request_timeout),
+        "--label", label, "--model-name", args.model_name, "--gpu", args.gpu, "--pd", "2P2D",
+        "--out", str(out), "--quiet", "--no-plots",
+    ]  # fmt: skip
+    t0 = time.monotonic()
+    env = {**os.environ, "FLUIDPD_ADMIN_TOKEN": token}
+    print(f"[live] replay {label} -> {endpoint}", flush=True)
+    try:
+        done = subprocess.run(argv, env=env, capture_output=True, text=True,
+                              timeout=args.replay_timeout, check=False)  # fmt: skip
+    except subprocess.TimeoutExpired as exc:
+        # Killed: this label's results are lost, the next run still gets its turn.
+        out_text = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else ""
+        print(f"[live] replay {label}: over {args.replay_timeout:.0f} s, killed", flush=True)
+        return {"rc": "timeout", "wall_s": time.monotonic() - t0, "tail": out_text[-2000:],
+                "seed": seed}  # fmt: skip
+    tail = (done.stdout + done.stderr).strip().splitlines()[-12:]
+    print("\n".join(tail), flush=True)
+    return {"rc": done.returncode, "wall_s": time.monotonic() - t0, "tail": tail, "seed": seed}
+
+
+async def flush_caches(c: httpx.AsyncClient, stack: Stack, workers: list[Worker]) -> bool:
+    """Empty every SGLang server's radix cache (SGLang's ``/flush_cache``; it refuses while
+    requests run), so the second run's prompts, the same as the first's, hit no cached prefix."""
+    ok = True
+    for w in workers:
+        info = await sglang_info(c, stack, w)
+        for _ in range(20):
+            with contextlib.suppress(httpx.HTTPError):
+                if (await c.post(f"{info['url']}/flush_cache", timeout=10)).status_code == 200:
+                    break
+            await asyncio.sleep(1.0)
+        else:
+            ok = False
+    return ok
+
+
+async def pressures(c: httpx.AsyncClient, workers: list[Worker]) -> dict[str, Any]:
+    got: dict[str, Any] = {}
+    for w in workers:
+        try:
+            got[w.wid] = (await c.get(f"{w.url}/pressure", timeout=5)).json()
+        except (httpx.HTTPError, ValueError) as exc:
+            got[w.wid] = repr(exc)
+    return got
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(args.work)
+    if work.exists():
+        shutil.rmtree(work)
+    work.mkdir(parents=True)
+    model = Path(args.model_dir) if args.model_dir else make_model_dir(args.shape, work / "model")
+    vocab = int(json.loads((model / "config.json").read_text())["vocab_size"])
+    token = "live-bench"
+    stack = Stack(work, token)
+    ports = free_ports(6)
+    workers = [
+        Worker("p0", "prefill", ports[0]), Worker("p1", "prefill", ports[1]),
+        Worker("d0", "decode", ports[2]), Worker("d1", "decode", ports[3]),
+    ]  # fmt: skip
+    if args.mps:
+        for w in workers:
+            pctv = args.mps_prefill if w.role == "prefill" else args.mps_decode
+            w.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(pctv)
+    common = [
+        "--engine", "sglang", "--device", args.device, "--model-dir", str(model),
+        "--sglang-python", args.python, "--sglang-start-timeout", str(args.start_timeout),
+        "--sglang-max-total-tokens", str(args.kv_tokens),
+        "--mem-fraction", str(args.mem), "--ttft-slo", str(args.ttft_slo),
+        "--tpot-slo", str(args.tpot_slo), "--log-level", "warning",
+        f"--sglang-arg=--context-length={args.context_limit}",
+        "--sglang-arg=--disable-piecewise-cuda-graph",
+        f"--sglang-arg=--cuda-graph-max-bs-decode={args.graph_bs}",
+        f"--sglang-arg=--max-running-requests={args.graph_bs}",
+        *args.sidecar_arg,
+    ]  # fmt: skip
+    if not args.model_dir:
+        common += ["--sglang-load-format", "dummy"]
+    rep: dict[str, Any] = {
+        "command": " ".join(sys.argv), "mps": args.mps, "slice": args.slice, "rps": args.rps,
+        "requests": args.requests, "slo": {"ttft_s": args.ttft_slo, "tpot_s": args.tpot_slo},
+        "kv_tokens_per_worker": args.kv_tokens, "mem_fraction": args.mem, "runs": {},
+    }  # fmt: skip
+    t_start = time.monotonic()
+    replay_out = work / "replay"
+    try:
+        for w in workers:
+            stack.sidecar(w, common, [])
+        rp = ports[4]
+        router = [*FLUIDPD, "router", "--port", str(rp), "--model-dir", str(model),
+                  "--log-level", "warning",
+                  "--first-token-timeout", str(args.request_timeout)]  # fmt: skip
+        for w in workers:
+            router += ["--worker", f"{w.wid}={w.url}"]
+        stack.start("router", router)
+        fluid = f"http://127.0.0.1:{rp}"
+        lim = httpx.Limits(max_connections=None, max_keepalive_connections=512)
+        async with httpx.AsyncClient(timeout=httpx.Timeout(300, connect=10), limits=lim) as c:
+            rep["ready_s"] = await wait_ready(
+                c, stack, [f"{w.url}/readyz" for w in workers] + [f"{fluid}/healthz"],
+                args.start_timeout,
+            )  # fmt: skip
+            print(f"[live] 2P2D ready after {rep['ready_s']:.0f} s", flush=True)
+            rep["pressure_idle"] = await pressures(c, workers)
+            write_json(out / "live.json", rep)
+            name = (await c.get(f"{fluid}/v1/models")).json()["data"][0]["id"]
+            static = await start_minilb(c, stack, workers, ports[5], name)
+            rng = random.Random(5)
+            for base in (static, fluid):  # warm-up: every P/D pair, first-use JIT
+                await asyncio.gather(*(
+                    complete(c, base, name, [rng.randrange(10, vocab - 10) for _ in range(256)], 8)
+                    for _ in range(8)
+                ))  # fmt: skip
+            rep["runs"]["static"] = replay(args, static, "static", replay_out, token)
+            rep["runs"]["static"]["pressure_after"] = await pressures(c, workers)
+            rep["elapsed_s"] = time.monotonic() - t_start
+            write_json(out / "live.json", rep)
+            stack.stop("minilb")
+            # Same prompts again on empty caches; if a flush is refused, other prompts (seed 1:
+            # same lengths and arrival times) so that no cached prefix favours the second run.
+            rep["flushed"] = await flush_caches(c, stack, workers)
+            stack.start("controller", [*FLUIDPD, "controller", "--router", fluid,
+                                       "--log-level", "info", *args.controller_arg])  # fmt: skip
+            await asyncio.sleep(2.0)
+            seed = 0 if rep["flushed"] else 1
+            rep["runs"]["fluidpd"] = replay(args, fluid, "fluidpd", replay_out, token, seed)
+            rep["runs"]["fluidpd"]["pressure_after"] = await pressures(c, workers)
+            stats = await c.get(f"{fluid}/admin/stats", headers=stack.headers)
+            rep["router_stats"] = stats.json() if stats.status_code == 200 else stats.text[:300]
+            roles = {}
+            for w in workers:
+                with contextlib.suppress(httpx.HTTPError, ValueError):
+                    roles[w.wid] = (await c.get(f"{w.url}/role", timeout=5)).json()
+            rep["roles_after"] = roles
+    except Exception as exc:
+        rep["error"] = repr(exc)
+        print(f"[live] error: {exc!r}", flush=True)
+    finally:
+        # Also on SIGTERM (KeyboardInterrupt here): stop every server, keep what was measured.
+        stack.stop()
+        stack.logs(out / "logs.txt", lines=40)
+        rep["elapsed_s"] = time.monotonic() - t_start
+        results = replay_out / "results.json"
+        if results.exists():
+            shutil.copy(results, out / "results.json")
+            summary = subprocess.run([*FLUIDPD, "summary", str(replay_out)], capture_output=True,
+                                     text=True, check=False, timeout=60)  # fmt: skip
+            rep["table"] = summary.stdout
+            (out / "table.txt").write_text(summary.stdout + summary.stderr)
+            print(summary.stdout, flush=True)
+        write_json(out / "live.json", rep)
+    return rep
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--work", default="/tmp/sgl-live")
+    p.add_argument("--slice", required=True, help="Azure-format CSV (sglang_slice.py)")
+    p.add_argument("--python", default="python3", help="SGLang's interpreter (a path)")
+    p.add_argument("--shape", default="llama-3.1-8b")
+    p.add_argument("--model-dir", default=None, help="a real model directory (else dummy shape)")
+    p.add_argument("--device", default="cuda:0")
+    p.add_argument("--mem", type=float, default=0.8)
+    p.add_argument("--kv-tokens", type=int, default=65536, help="each worker's KV pool cap")
+    p.add_argument("--graph-bs", type=int, default=64, help="decode graph and running cap")
+    p.add_argument("--mps", action="store_true", help="CUDA MPS is running (sglang_live.sh)")
+    p.add_argument("--mps-prefill", type=int, default=50, help="MPS SM percentage, prefill")
+    p.add_argument("--mps-decode", type=int, default=50, help="MPS SM percentage, decode")
+    p.add_argument("--model-name", default="llama-3.1-8b-dummy", help="recorded in results")
+    p.add_argument("--gpu", default="h200", help="recorded in results")
+    p.add_argument("--rps", type=float, default=2.0)
+    p.add_argument("--requests", type=int, default=80)
+    p.add_argument("--context-limit", type=int, default=8192)
+    p.add_argument("--ttft-slo", type=float, default=3.0)
+    p.add_argument("--tpot-slo", type=float, default=0.05)
+    p.add_argument("--request-timeout", type=float, default=30.0, help="no first token: failed")
+    p.add_argument("--replay-timeout", type=float, default=90.0, help="one replay's limit, s")
+    p.add_argument("--start-timeout", type=float, default=200.0)
+    p.add_argument("--sidecar-arg", action="append", default=[])
+    p.add_argument("--controller-arg", action="append", default=[])
+    args = p.parse_args()
+    term_as_interrupt()
+    rep = asyncio.run(main_async(args))
+    print({k: rep.get(k) for k in ("ready_s", "elapsed_s", "error")}, flush=True)
+    return 1 if "error" in rep else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,124 @@
+"""An SGLang that cannot start, through real processes: ``fluidpd sidecar --engine sglang`` on
+CPU supervising a real SGLang 0.5.17 server that fails while loading.
+
+- a bad model directory: FluidPD's own checks pass (config, tokenizer, generation config) but
+  the weights file is truncated, so SGLang's loader fails;
+- out of memory: SGLang's own KV-pool sizing fails, as on a GPU given too small a
+  ``--mem-fraction`` (1e-6 of free memory cannot hold the weights, let alone a KV pool; the
+  pool is capped at 4,096 tokens so no setting could allocate much).
+
+Each sidecar answers ``/readyz`` 503 ("SGLang starting") while SGLang loads, then exits
+non-zero with one line naming the cause (SGLang's exception, not its traceback) and the log to
+read, instead of hanging. Both start at once (each SGLang start takes about a minute on two
+cores). The operator's side (a NotReady pod) is in e2e/test_operator.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+START_S = 600.0
+
+
+@dataclass
+class Failed:
+    proc: subprocess.Popen[bytes]
+    port: int
+    out: Path
+    readyz: list[tuple[int, str]] = field(default_factory=list)
+    code: int | None = None
+
+    @property
+    def lines(self) -> list[str]:
+        return [line for line in self.out.read_text(errors="replace").splitlines() if line]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _start(python: str, model: Path, wid: str, logs: Path, *extra: str) -> Failed:
+    port = _free_port()
+    cmd = [
+        sys.executable, "-m", "fluidpd.cli.main", "sidecar", "--id", wid, "--role", "decode",
+        "--port", str(port), "--engine", "sglang", "--device", "cpu", "--model-dir", str(model),
+        "--sglang-python", python, "--sglang-max-total-tokens", "4096",
+        "--sglang-start-timeout", str(START_S), *extra,
+    ]  # fmt: skip
+    out = logs / f"{wid}.out"
+    env = {**os.environ, "FLUIDPD_LOG_DIR": str(logs)}
+    proc = subprocess.Popen(cmd, env=env, stdout=out.open("wb"), stderr=subprocess.STDOUT)
+    return Failed(proc, port, out)
+
+
+@pytest.fixture(scope="module")
+def failures(
+    sglang_python: str, tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Failed]]:
+    logs = tmp_path_factory.mktemp("sglang-failures")
+    bad = logs / "bad-model"
+    shutil.copytree(tiny_llama_dir, bad)
+    for weights in bad.glob("*.safetensors"):
+        weights.write_bytes(weights.read_bytes()[:1000])
+    runs = {
+        "bad-model": _start(sglang_python, bad, "badmodel", logs),
+        "oom": _start(sglang_python, tiny_llama_dir, "oom", logs, "--mem-fraction", "0.000001"),
+    }
+    try:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < START_S + 60 and any(r.code is None for r in runs.values()):
+            for r in runs.values():
+                if r.code is not None:
+                    continue
+                r.code = r.proc.poll()
+                with contextlib.suppress(httpx.HTTPError):
+                    got = httpx.get(f"http://127.0.0.1:{r.port}/readyz", timeout=5)
+                    r.readyz.append((got.status_code, got.text))
+            time.sleep(0.5)
+        yield runs
+    finally:
+        for r in runs.values():
+            if r.proc.poll() is None:
+                r.proc.kill()
+                r.proc.wait(10)
+
+
+def _check(run: Failed, *cause: str) -> str:
+    assert run.code is not None, "the sidecar still runs: SGLang's failure was not noticed"
+    assert run.code != 0
+    # NotReady while SGLang loaded, never ready.
+    assert run.readyz, "the sidecar never answered /readyz"
+    assert all(code == 503 for code, _ in run.readyz), run.readyz
+    assert any("SGLang starting" in body for _, body in run.readyz), run.readyz
+    lines = run.lines
+    last = lines[-1]
+    assert last.startswith("fluidpd: error: sglang: SGLang exited with status"), last
+    for part in cause:
+        assert part in last, last
+    assert "(log: " in last and last.rstrip().endswith(".log)"), last
+    # SGLang's traceback stays in its log; the sidecar's own output has none.
+    assert not any("Traceback" in line for line in lines), lines[-20:]
+    return last
+
+
+def test_bad_model_directory_is_one_line_and_not_ready(failures: dict[str, Failed]) -> None:
+    _check(failures["bad-model"], "SafetensorError", "header")
+
+
+def test_out_of_memory_is_one_line_and_not_ready(failures: dict[str, Failed]) -> None:
+    last = _check(failures["oom"], "ValueError: Loaded weights leave no GPU memory for the KV")
+    assert "--mem-fraction-static=1e-06" in last, last

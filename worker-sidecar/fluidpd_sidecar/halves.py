@@ -1,0 +1,62 @@
+"""A request's half on this worker, as the sidecar keeps it, and the checks every half
+passes on arrival."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from fluidpd.api.internal import DecodeEvent, DecodeHalf, PrefillOutcome, RequestHalf
+from fluidpd.core.types import Request
+from fluidpd_sidecar.errors import BadRequest
+from fluidpd_sidecar.stopping import OutputStream
+from fluidpd_sidecar.transfer import KVDest
+
+
+@dataclass(slots=True)
+class PrefillState:
+    """A prefill half queued or running here; ``outcome`` answers the router's call."""
+
+    req: Request
+    decode_url: str
+    outcome: asyncio.Future[PrefillOutcome]
+    dest: KVDest | None = None
+    aborted: bool = False
+    #: Local receipt time (the request's arrival is the router's, and could be anything).
+    received: float = field(default_factory=time.time)
+
+
+@dataclass(slots=True)
+class DecodeState:
+    """A decode half here; ``events`` is its stream to the router (``None`` ends it)."""
+
+    req: Request
+    prefill_url: str
+    half: DecodeHalf
+    stream: OutputStream
+    events: asyncio.Queue[DecodeEvent | None] = field(default_factory=asyncio.Queue)
+    #: Output tokens read from the engine into ``stream`` (those of a migrated-in request too).
+    fed: int = 0
+    closed: bool = False
+    dest: KVDest | None = None
+    received: float = field(default_factory=time.time)
+    #: Someone is reading the event stream (the decode call itself, or the router after a
+    #: migration); a second reader would steal its events.
+    subscribed: bool = False
+    #: Its KV is here (the prefill hand-off arrived, or it migrated in): it can finish.
+    started: bool = False
+
+
+def check_half(half: RequestHalf, context_limit: int, vocab: int) -> None:
+    """What the router checked already, checked again on every engine's sidecar: a peer must
+    not crash an engine (over-long requests, token ids outside the vocabulary)."""
+    if half.prompt_len + half.max_new_tokens > context_limit:
+        raise BadRequest(
+            f"prompt_ids: {half.prompt_len} tokens + max_new_tokens "
+            f"({half.max_new_tokens}) exceed the context limit {context_limit}"
+        )
+    for name, ids in (("prompt_ids", half.prompt_ids),
+                      ("sampling.stop_token_ids", half.sampling.stop_token_ids)):  # fmt: skip
+        if ids and (min(ids) < 0 or max(ids) >= vocab):
+            raise BadRequest(f"{name}: token ids must be in [0, {vocab})")

@@ -1,0 +1,126 @@
+"""FluidRole on this worker: role switches (drain, then the engine switches) and
+retirement (scale-in), with their status.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from fluidpd.api.internal import Abort, DecodeEvent, RetireRequest, RoleRequest, RoleStatus
+from fluidpd.core.types import Role, RoleState
+from fluidpd_sidecar.errors import Conflict
+from fluidpd_sidecar.migration import Migration
+from fluidpd_sidecar.peers import PeerError
+
+log = logging.getLogger("fluidpd.sidecar")
+
+
+class Roles(Migration):
+    """Role switches and retirement."""
+
+    def role_status(self) -> RoleStatus:
+        sm = self.worker.role_sm
+        return RoleStatus(
+            worker=self.cfg.worker_id,
+            role=sm.role,
+            state=sm.state,
+            target=sm.target,
+            since=sm.since,
+            switches=self.switches,
+            retiring=sm.retiring,
+        )
+
+    def request_role(self, body: RoleRequest) -> RoleStatus:
+        w = self.worker
+        sm = w.role_sm
+        if sm.state is RoleState.ACTIVE and sm.role is body.role:
+            return self.role_status()  # already there: idempotent
+        if sm.state is not RoleState.ACTIVE:
+            if sm.target is body.role:
+                return self.role_status()  # the same switch is under way
+            raise Conflict(f"a switch to {sm.target.value if sm.target else '?'} is under way")
+        source = w.role
+        w.begin_switch(body.role, time.time(), body.drain)
+        self._migrate_to = [u for u in body.migrate_to if u.rstrip("/") != self.cfg.url.rstrip("/")]
+        self._drain_started = time.time()
+        self._dispatch()
+        if source is Role.DECODE:
+            self._spawn(self._release_reserved())
+        log.info("switch %s -> %s started (drain %s)", source.value, body.role.value, body.drain)
+        self.wake()
+        return self.role_status()
+
+    def retire(self, body: RetireRequest) -> RoleStatus:
+        """Scale-in: stop taking work and empty the worker; idempotent."""
+        w = self.worker
+        if w.retiring:
+            return self.role_status()
+        if w.state is not RoleState.ACTIVE:
+            raise Conflict(
+                f"a switch to {w.role_sm.target.value if w.role_sm.target else '?'} is under way"
+            )
+        now = time.time()
+        w.begin_retire(now, body.drain)
+        self._retire_until = now + body.return_after_s if body.return_after_s else float("inf")
+        self._migrate_to = [u for u in body.migrate_to if u.rstrip("/") != self.cfg.url.rstrip("/")]
+        self._dispatch()
+        if w.role is Role.DECODE:
+            self._spawn(self._release_reserved())
+        log.info("retiring (drain %s)", body.drain.value)
+        self.wake()
+        return self.role_status()
+
+    def cancel_retire(self, why: str = "cancelled") -> RoleStatus:
+        """Calls off a scale-in: the worker takes work again in its role; idempotent."""
+        w = self.worker
+        if not w.retiring:
+            return self.role_status()
+        w.cancel_retire(time.time())
+        self._retire_until = float("inf")
+        self._migrate_to = []
+        log.info("retirement %s: back in service as %s", why, w.role.value)
+        self.wake()
+        return self.role_status()
+
+    def expire_retirement(self, now: float) -> None:
+        """A retirement still here ``return_after_s`` after it began was abandoned (nobody
+        deleted the worker): return to service rather than stay out of it for good."""
+        if self.worker.retiring and now >= self._retire_until:
+            self.cancel_retire("not completed in time (the worker was not removed)")
+
+    async def _release_reserved(self) -> None:
+        """D->P: requests holding a reservation here whose prefill has not started are re-paired,
+        so the drain waits only for work in flight."""
+        for rid in list(self.worker.decode.reserved):
+            half = self.decode_halves.get(rid)
+            if half is None:
+                continue
+            try:
+                answer = await self.peers.post(
+                    half.prefill_url, "/v1/internal/release", Abort(rid=rid, reason="re-pair")
+                )
+            except PeerError:
+                continue
+            if answer.get("released"):
+                self.worker.decode.cancel(rid)
+                self._end_decode(rid, DecodeEvent(event="reroute", detail="worker draining"))
+        self.wake()
+
+    async def _advance_switch(self) -> None:
+        w = self.worker
+        if w.state is RoleState.DRAIN and w.decode.migrate_on_drain and w.role is Role.DECODE:
+            await self._migrate_out()
+        if not w.try_enter_switch(time.time()):
+            return
+        target = w.role_sm.target
+        assert target is not None
+        source = w.role
+        await self.engine.switch_role(target)
+        finished = time.time()
+        w.complete_switch(finished)
+        self.switches += 1
+        self._last_switch = (source, target, self._drain_started, finished)
+        drain_s = finished - self._drain_started
+        self.metrics.switched(source, target, drain_s)
+        log.info("switch %s -> %s done in %.3f s", source.value, target.value, drain_s)

@@ -1,0 +1,295 @@
+"""FluidToken inside SGLang's decode scheduler: run a stolen suffix as a real extend forward.
+
+Runs in SGLang's scheduler process (standard library and SGLang only, like ``hook``). The
+prefill server computed only the prefix ``input_ids[:p]`` of a request (FluidPD's prefill
+sidecar sent it just that) and shipped that KV into the first ``p`` slots of the decode
+server's pre-allocation (SGLang's transfer slices destinations positionally, so a shorter
+source is fine). The decode sidecar registers ``p`` here (``register``, over the hook's HTTP
+port: the number of stolen suffix tokens, as FluidPD's suffix commit carries it) before the
+prefill server starts, so it is known when the transfer lands. Then:
+
+* ``DecodeTransferQueue._commit_transfer_to_req``: for such a request the prefill server's
+  sampled token is meaningless (it came from the prefix's last position) and is not
+  appended; the request is marked and goes to the waiting queue as usual (where SGLang's
+  abort and idle checks see it).
+* ``get_next_disagg_decode_batch_to_run``: a marked request is taken out of the waiting queue
+  (SGLang's prebuilt path would decode it as if its whole prompt had been computed) and run
+  as a real EXTEND batch of its suffix on top of the transferred prefix KV, through SGLang's
+  own ``prepare_for_extend`` / ``run_batch`` / ``process_batch_result`` (which samples and
+  streams the first token); the next iteration merges it into the running decode batch, as
+  SGLang's normal scheduler does after a prefill.
+* beta = 1 (``p = 0``): the prefill server is never asked; the request's receiver is told its
+  (empty) transfer has landed, as SGLang's fake bootstrap host does, and the whole prompt runs
+  here.
+
+The suffix's KV slots were pre-allocated with the prompt; they are handed back to the
+allocator and taken again by ``prepare_for_extend`` (the stock path continues a request that
+already holds a request-pool row, like a chunked prefill), so KV accounting is SGLang's own.
+That needs ``page_size`` 1 (a partial page would free prefix slots); ``register`` refuses
+otherwise. One extend runs per iteration and a decode iteration of the running batch runs
+between two of them: the stealing budget the decode sidecar advertises (eqs. 12-17, FluidPD's
+core) bounds how much suffix work prefill workers send here in the first place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from typing import Any
+
+#: Registered splits: SGLang rid -> (stolen suffix tokens, registration time).
+_splits: dict[str, tuple[int, float]] = {}
+#: Splits whose prefill server never gets the room (p = 0): rooms to forget on the prefill
+#: side (its transfer engine keeps the decode side's destination list for every room).
+_forget: dict[int, float] = {}
+_lock = threading.Lock()
+#: A registration nobody used (the request never came, or was aborted first) expires.
+SPLIT_TTL_S = 900.0
+_stats: dict[str, Any] = {"extends": 0, "extend_tokens": 0}
+_scheduler: dict[str, Any] = {"s": None}
+#: Set on a batch this module built, so the next iteration merges it.
+_MARK = "_fluidpd_extend"
+#: Set on a request whose prefix KV landed and whose suffix still has to run.
+_PREFIX = "_fluidpd_prefix"
+
+
+class SplitRefused(ValueError):
+    """The split cannot be run here (bad values or an unsupported server config)."""
+
+
+def register(rid: str, suffix: int) -> None:
+    s = _scheduler["s"]
+    if s is not None:
+        page = int(getattr(s.token_to_kv_pool_allocator, "page_size", 1))
+        if page != 1:
+            raise SplitRefused(f"page_size {page}: suffix extends need page_size 1")
+    if suffix < 1:
+        raise SplitRefused("suffix must be >= 1")
+    with _lock:
+        _splits[str(rid)] = (int(suffix), time.monotonic())
+
+
+def forget_room(room: int) -> None:
+    """Prefill side, p = 0: drop the decode side's destination list for a room that never
+    comes here (swept by ``_sweep`` when it has arrived)."""
+    with _lock:
+        _forget[int(room)] = time.monotonic()
+
+
+def _sweep() -> None:
+    now = time.monotonic()
+    with _lock:
+        for rid in [r for r, (_, t) in _splits.items() if now - t > SPLIT_TTL_S]:
+            del _splits[rid]
+        rooms = list(_forget.items())
+    s = _scheduler["s"]
+    q = getattr(s, "disagg_prefill_bootstrap_queue", None) if s is not None else None
+    mgr = getattr(q, "kv_manager", None)
+    tables = [getattr(mgr, name, None) for name in ("transfer_infos", "request_status")]
+    for room, t in rooms:
+        for table in tables:
+            if table is not None:
+                table.pop(room, None)  # a dict pop is atomic under the GIL
+        if now - t > SPLIT_TTL_S:
+            with _lock:
+                _forget.pop(room, None)
+
+
+def _sweeper() -> None:
+    while True:
+        time.sleep(1.0)
+        with contextlib.suppress(Exception):  # never let bookkeeping kill the thread
+            _sweep()
+
+
+def snapshot_fields() -> dict[str, Any]:
+    """What ``hook.snapshot`` adds: the rids whose split is registered and whose suffix has
+    not run yet (the decode sidecar subtracts their tokens from its stealing budget), and
+    counters."""
+    s = _scheduler["s"]
+    with _lock:
+        pending = set(_splits)
+    if s is not None:
+        pending.update(str(r.rid) for r in list(s.waiting_queue) if hasattr(r, _PREFIX))
+    blocked = 0
+    q = getattr(s, "disagg_decode_prealloc_queue", None) if s is not None else None
+    if q is not None:
+        # Handshake done, waiting for KV room: decode admission is the bottleneck.
+        blocked = sum(1 for dr in list(q.queue) if getattr(dr, "waiting_for_input", False))
+    return {"fluid_pending": sorted(pending), "fluid": dict(_stats), "prealloc_blocked": blocked}
+
+
+class _Landed:
+    """A receiver whose (empty, p = 0) transfer has landed; clears the real one."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+
+    def poll(self) -> Any:
+        from sglang.srt.disaggregation.base.conn import KVPoll  # noqa: PLC0415
+
+        return KVPoll.Success
+
+    def clear(self) -> None:
+        if self.real is not None:
+            self.real.clear()
+
+    def abort(self) -> None:
+        if self.real is not None:
+            self.real.abort()
+
+    def failure_exception(self) -> None:
+        raise RuntimeError("a FluidToken p = 0 transfer cannot fail")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+def _split_of(req: Any) -> int | None:
+    with _lock:
+        hit = _splits.get(str(req.rid))
+    if hit is None:
+        return None
+    return max(0, len(req.origin_input_ids) - hit[0])
+
+
+def _patch_transfer_queue(cls: Any) -> None:
+    from sglang.srt.disaggregation.utils import FAKE_BOOTSTRAP_HOST  # noqa: PLC0415
+
+    pop_original = cls.pop_transferred
+    commit_original = cls._commit_transfer_to_req
+
+    def pop_transferred(self: Any, *args: Any, **kwargs: Any) -> Any:
+        for dr in self.queue:
+            if isinstance(dr.kv_receiver, _Landed) or _split_of(dr.req) != 0:
+                continue
+            # Nothing comes from a prefill server: what the fake bootstrap host means to
+            # SGLang (its metadata gate and room check skip the request).
+            dr.kv_receiver = _Landed(dr.kv_receiver)
+            dr.req.bootstrap_host = FAKE_BOOTSTRAP_HOST
+        return pop_original(self, *args, **kwargs)
+
+    def commit(self: Any, decode_req: Any) -> Any:
+        req = decode_req.req
+        p = _split_of(req)
+        if p is None:
+            return commit_original(self, decode_req)
+        with _lock:
+            _splits.pop(str(req.rid), None)
+        # The prefill server's token came from position p - 1 of the prompt, not its end.
+        setattr(req, _PREFIX, p)
+        decode_req.kv_receiver.clear()
+        decode_req.kv_receiver = None
+        req.time_stats.set_wait_queue_entry_time()
+        return None
+
+    cls.pop_transferred = pop_transferred
+    cls._commit_transfer_to_req = commit
+
+
+def _extend_batch(s: Any, req: Any) -> Any:
+    """A real EXTEND batch of ``req``'s suffix over its transferred prefix KV."""
+    import torch  # noqa: PLC0415
+    from sglang.srt.managers.schedule_batch import ScheduleBatch  # noqa: PLC0415
+    from sglang.srt.managers.scheduler_components.metrics_reporter import (  # noqa: PLC0415
+        PrefillStats,
+    )
+    from sglang.srt.observability.metrics_collector import QueueCount  # noqa: PLC0415
+
+    p = getattr(req, _PREFIX)
+    delattr(req, _PREFIX)
+    n = len(req.origin_input_ids)
+    row = s.req_to_token_pool.req_to_token[req.req_pool_idx]
+    # The suffix's pre-allocated slots go back; prepare_for_extend takes n - p again.
+    s.token_to_kv_pool_allocator.free(row[p:n].to(torch.int64).clone())
+    req.prefix_indices = row[:p].to(torch.int64).clone()
+    req.full_untruncated_fill_ids = req.origin_input_ids + req.output_ids
+    req.set_extend_range(p, n)
+    batch = ScheduleBatch.init_new(
+        [req],
+        s.req_to_token_pool,
+        s.token_to_kv_pool_allocator,
+        s.tree_cache,
+        s.model_config,
+        s.enable_overlap,
+        s.spec_algorithm,
+    )
+    batch.prepare_for_extend()
+    batch.prefill_stats = PrefillStats(
+        log_input_tokens=n - p,
+        log_hit_tokens=p,
+        new_token_ratio=float(s.new_token_ratio_tracker.current),
+        num_running_reqs=QueueCount.from_reqs(s.running_batch.reqs),
+        num_new_seqs=1,
+    )
+    setattr(batch, _MARK, True)
+    _stats["extends"] += 1
+    _stats["extend_tokens"] += n - p
+    return batch
+
+
+def _patch_next_batch(cls: Any) -> None:
+    from sglang.srt.managers.scheduler import NextBatchPlan  # noqa: PLC0415
+
+    original = cls.get_next_disagg_decode_batch_to_run
+
+    def next_batch(self: Any, running_batch: Any) -> Any:
+        last = self.last_batch
+        ran_extend = last is not None and getattr(last, _MARK, False)
+        if ran_extend:
+            # As SGLang's normal scheduler does after a prefill: the extended request joins
+            # the running decode batch (finished ones are filtered out first).
+            setattr(last, _MARK, False)
+            last.filter_batch()
+            if not last.is_empty():
+                if running_batch.is_empty():
+                    running_batch = last
+                else:
+                    running_batch.merge_batch(last)
+        fluid = [r for r in self.waiting_queue if hasattr(r, _PREFIX)]
+        if not fluid:
+            return original(self, running_batch)
+        # One extend per iteration, and a decode step of a non-empty batch between two.
+        if not ran_extend or running_batch.is_empty():
+            req = fluid[0]
+            self.waiting_queue = [r for r in self.waiting_queue if r is not req]
+            self.running_batch = running_batch
+            batch = _extend_batch(self, req)
+            return NextBatchPlan(batch_to_run=batch, running_batch=running_batch)
+        # SGLang's prebuilt path must not take the requests whose suffix has not run.
+        rest = [r for r in self.waiting_queue if not hasattr(r, _PREFIX)]
+        self.waiting_queue = rest
+        try:
+            return original(self, running_batch)
+        finally:
+            self.waiting_queue = fluid + list(self.waiting_queue)
+
+    cls.get_next_disagg_decode_batch_to_run = next_batch
+
+
+def install(scheduler_cls: Any) -> None:
+    """Patch SGLang's decode transfer queue and decode batch selection (scheduler process)."""
+    from sglang.srt.disaggregation.decode import DecodeTransferQueue  # noqa: PLC0415
+
+    _patch_transfer_queue(DecodeTransferQueue)
+    _patch_next_batch(scheduler_cls)
+    threading.Thread(target=_sweeper, name="fluidpd-fluidtoken", daemon=True).start()
+
+
+def bind(scheduler: Any) -> None:
+    _scheduler["s"] = scheduler
+
+
+def handle_post(path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """``POST /split {"rid", "suffix"}`` (decode) and ``POST /forget {"room"}`` (prefill)."""
+    try:
+        if path == "/split":
+            register(str(body["rid"]), int(body["suffix"]))
+            return 200, {"ok": True}
+        if path == "/forget":
+            forget_room(int(body["room"]))
+            return 200, {"ok": True}
+    except (KeyError, TypeError, ValueError) as exc:
+        return 400, {"error": str(exc)}
+    return 404, {"error": f"no route {path}"}
