@@ -391,7 +391,7 @@ async def chaos_drill(
             if why:
                 raise RuntimeError(f"the stack is not ready before the first kill: {why}")
             await asyncio.sleep(3.0)  # load on every worker
-            while time.time() < t_end:
+            while time.time() < t_end or first:  # the first kills cover every kind
                 seen = {w["worker"]: w for w in await router_workers(session, endpoint)}
                 target = _pick(rng, first.pop(0) if first else None, weights, seen)
                 switch = None
