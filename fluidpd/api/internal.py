@@ -145,6 +145,9 @@ class Handoff(_Model):
 class Abort(_Model):
     rid: int = Field(ge=0, le=MAX_RID)
     reason: str = "aborted"
+    #: Cancel a decode half only if its prefill hand-off has not arrived: one that has its KV
+    #: goes on (the router's abort after a prefill half that ended badly races the hand-off).
+    unless_started: bool = False
 
 
 class Released(_Model):

@@ -2,6 +2,7 @@
 
 - ``switches``: N in-place role switches in both directions under load;
 - ``kill``: SIGKILL one worker under load (FluidPD policy, so the controller is running);
+- ``chaos``: SIGKILL and restart random sidecars, the router and the controller under load;
 - ``router-overhead``: the router against calling a sidecar pair directly, side by side.
 """
 
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from fluidpd.cli.errors import UserError
-from fluidpd.cli.options import positive_float, positive_int
+from fluidpd.cli.options import non_negative_float, positive_float, positive_int, steal_ratio
 
 #: A synthetic profile whose steps take well under a millisecond, so that the router
 #: overhead drill measures the serving path rather than simulated model compute.
@@ -70,6 +71,40 @@ def add_parser(sub: Any) -> None:
     k.add_argument("--rps", type=positive_float, default=8.0, help=RPS_HELP)
     k.add_argument("--out", default="out/drills/kill.json", help=OUT_HELP)
     k.set_defaults(func=run_kill)
+    c = drills.add_parser(
+        "chaos", help="SIGKILL and restart random sidecars, the router and the controller"
+    )
+    c.add_argument("--pd", default="3P3D", help=PD_HELP)
+    c.add_argument(
+        "--duration", type=positive_float, default=600.0, help="seconds of kills under load"
+    )
+    c.add_argument("--rps", type=positive_float, default=4.0, help=RPS_HELP)
+    c.add_argument(
+        "--gap",
+        type=_gap,
+        default=(2.0, 6.0),
+        metavar="MIN,MAX",
+        help="seconds between all-ready and the next kill, drawn uniformly from [MIN, MAX]",
+    )
+    c.add_argument(
+        "--stream-share",
+        type=steal_ratio,  # any number in [0, 1]
+        default=0.25,
+        help="share of the requests streamed (SSE), in [0, 1]",
+    )
+    c.add_argument(
+        "--switch-share",
+        type=steal_ratio,  # any number in [0, 1]
+        default=0.4,
+        help="share of the kills made just after the drill starts a role switch (then the "
+        "switching worker, a migration target, the router or the controller is killed)",
+    )
+    c.add_argument("--seed", type=int, default=0, help="kills, gaps and load are drawn from it")
+    c.add_argument(
+        "--run-dir", default=None, help="keep the stack's logs here (default: a temporary one)"
+    )
+    c.add_argument("--out", default="out/drills/chaos.json", help=OUT_HELP)
+    c.set_defaults(func=run_chaos)
     o = drills.add_parser("router-overhead", help="router vs direct sidecar calls")
     o.add_argument("--rps", type=positive_float, default=200.0, help=RPS_HELP)
     o.add_argument(
@@ -152,6 +187,44 @@ def run_kill(args: argparse.Namespace) -> int:
             )
         )  # fmt: skip
         result["orphans"] = stack.stop()
+    result["pd"] = args.pd
+    return _write(args.out, result)
+
+
+def _gap(text: str) -> tuple[float, float]:
+    parts = text.split(",")
+    if len(parts) != 2:
+        raise argparse.ArgumentTypeError(f"expected MIN,MAX seconds, got {text!r}")
+    lo, hi = (non_negative_float(x.strip()) for x in parts)
+    if lo > hi:
+        raise argparse.ArgumentTypeError(f"MIN must not exceed MAX, got {text!r}")
+    return lo, hi
+
+
+def run_chaos(args: argparse.Namespace) -> int:
+    from fluidpd.drills.chaos import chaos_drill
+    from fluidpd.drills.stack import LocalStack, free_port_block
+
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = Path(args.run_dir) if args.run_dir else Path(tmp) / "stack"
+        if args.run_dir and run_dir.exists() and any(run_dir.iterdir()):
+            raise UserError(f"--run-dir: {run_dir} is not empty")
+        stack = LocalStack(run_dir, args.pd, "fluidpd", "--ready-timeout", "300")
+        ports = {int(u.rsplit(":", 1)[1]) for u in (stack.endpoint, *stack.workers.values())}
+        metrics_port = free_port_block(1)
+        while metrics_port in ports:
+            metrics_port = free_port_block(1)
+        stack.argv += ["--controller-metrics-port", str(metrics_port)]
+        with stack:
+            result = asyncio.run(
+                chaos_drill(
+                    run_dir, stack.endpoint, stack.workers, stack.token, "llama-3.1-8b",
+                    args.duration, args.rps, args.gap,
+                    controller_metrics=f"http://127.0.0.1:{metrics_port}/metrics",
+                    stream_share=args.stream_share, switch_share=args.switch_share, seed=args.seed,
+                )
+            )  # fmt: skip
+            result["orphans"] = stack.stop()
     result["pd"] = args.pd
     return _write(args.out, result)
 

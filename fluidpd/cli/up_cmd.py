@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import os
 import secrets
+import shlex
 import signal
 import subprocess
 import sys
@@ -176,7 +177,7 @@ class Stack:
     def start(self, name: str, argv: list[str], env: dict[str, str]) -> None:
         log = (self.run_dir / f"{name}.log").open("wb")
         cmd = [sys.executable, "-m", "fluidpd.cli.main", *argv]
-        (self.run_dir / f"{name}.cmd").write_text(" ".join(cmd) + "\n")
+        (self.run_dir / f"{name}.cmd").write_text(shlex.join(cmd) + "\n")
         # `up` starts no threads, so a pre-exec hook is safe here.
         proc = subprocess.Popen(
             cmd,

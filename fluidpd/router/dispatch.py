@@ -8,7 +8,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,7 +79,9 @@ class Dispatcher:
         self.first_token_timeout_s = first_token_timeout_s
         self.max_attempts = max_attempts
         self.retries = 0
-        self._aborts: set[asyncio.Future[None]] = set()
+        self._aborts: set[asyncio.Future[Any]] = set()
+        #: How long to wait for a decode half's answer to an abort that must land (x2 tries).
+        self.abort_timeout_s = 5.0
 
     async def generate(self, job: Job) -> AsyncIterator[dict[str, Any]]:
         """Yields the decode stream's ``token`` events (``fluidpd.api.internal.DecodeEvent``
@@ -131,20 +133,35 @@ class Dispatcher:
         # Validated when the attempt began; each half adds only its peer's id and address.
         return dict(job._half)
 
-    def _abort(self, worker: WorkerInfo, rid: int, reason: str) -> None:
-        async def go() -> None:
+    async def _abort_call(
+        self, worker: WorkerInfo, rid: int, reason: str, unless_started: bool = False,
+        tries: int = 1, timeout_s: float = 2.0,
+    ) -> bool:  # fmt: skip
+        """Tells ``worker`` to abort ``rid``; True once it answered (whatever it did)."""
+        # Only what is set goes on the wire: a plain abort reads as it always did.
+        fields: dict[str, Any] = {"rid": rid, "reason": reason}
+        if unless_started:
+            fields["unless_started"] = True
+        body = Abort(**fields).model_dump_json(exclude_unset=True)
+        for _ in range(tries):
             with contextlib.suppress(aiohttp.ClientError, TimeoutError):
                 async with self.session.post(
                     f"{worker.url}/v1/internal/abort",
-                    data=Abort(rid=rid, reason=reason).model_dump_json(),
+                    data=body,
                     headers=self.headers,
-                    timeout=aiohttp.ClientTimeout(total=2.0),
-                ):
-                    pass
+                    timeout=aiohttp.ClientTimeout(total=timeout_s),
+                ) as resp:
+                    if resp.status < 500:
+                        return True
+        return False
 
-        task = asyncio.ensure_future(go())
+    def _background(self, coro: Coroutine[Any, Any, object]) -> None:
+        task = asyncio.ensure_future(coro)
         self._aborts.add(task)
         task.add_done_callback(self._aborts.discard)
+
+    def _abort(self, worker: WorkerInfo, rid: int, reason: str) -> None:
+        self._background(self._abort_call(worker, rid, reason))
 
     async def _open_decode(self, d: WorkerInfo, job: Job, p: WorkerInfo) -> aiohttp.ClientResponse:
         body = DecodeHalf.model_construct(
@@ -157,6 +174,7 @@ class Dispatcher:
             raise _Retry(f"decode {d.worker} unreachable: {exc}") from None
         if resp.status == 409:
             resp.release()
+            self.workers.turned_away(d.worker)
             raise _Retry(f"decode {d.worker} not taking work")
         if resp.status != 200:
             text = await resp.text()
@@ -172,6 +190,7 @@ class Dispatcher:
         try:
             async with await self._post(f"{p.url}/v1/internal/prefill", body) as resp:
                 if resp.status == 409:
+                    self.workers.turned_away(p.worker)
                     return "busy"
                 if resp.status != 200:
                     return f"error: HTTP {resp.status}"
@@ -189,17 +208,35 @@ class Dispatcher:
         prefill = asyncio.ensure_future(self._prefill(p, d, job))
         source = d
         failed_prefill: list[str] = []
+        #: The decode stream was closed here (its half could not be told to stop).
+        dropped: list[str] = []
 
         def prefill_ended(task: asyncio.Future[str]) -> None:
             # A prefill half that ends badly before the first token: stop the decode half, whose
-            # stream then ends with "cancelled" and the request is re-paired.
+            # stream then ends with "cancelled" and the request is re-paired. Unless its hand-off
+            # got there first (a prefill worker killed, or its call timed out, after sending
+            # the KV): then the decode half goes on, and its first token may be on its way.
             if task.cancelled() or job.tokens:
                 return
             status = task.result()
             log.info("request %d prefill half: %s", job.rid, status)
             if status != "done":
                 failed_prefill.append(status)
-                self._abort(source, job.rid, f"prefill half {status}")
+                self._background(stop_decode(f"prefill half {status}"))
+
+        async def stop_decode(reason: str) -> None:
+            # An abort that never arrives (the decode worker too slow to answer, or gone)
+            # would leave the decode half waiting for a hand-off that is not coming, and the
+            # request with it until the first-token timeout: then drop the stream and re-pair
+            # (the client has no token yet; closing the stream also ends the half there).
+            timeout = self.abort_timeout_s
+            if await self._abort_call(source, job.rid, reason, True, tries=2, timeout_s=timeout):
+                return
+            if not job.tokens:
+                log.info("request %d: abort not delivered to %s; re-pairing", job.rid,
+                         source.worker)  # fmt: skip
+                dropped.append(reason)
+                resp.close()
 
         prefill.add_done_callback(prefill_ended)
         try:
@@ -219,6 +256,8 @@ class Dispatcher:
                     raise RequestFailed(
                         504, f"no first token within {self.first_token_timeout_s:g} s"
                     ) from None
+                if not line and dropped and not job.tokens:
+                    raise _Retry(f"decode {source.worker} not told to stop ({dropped[0]})")
                 if not line:
                     if job.tokens:
                         raise RequestFailed(

@@ -111,6 +111,14 @@ class WorkerSet:
         if info is not None:
             info.suspect_until = time.time() + seconds
 
+    def turned_away(self, wid: str) -> None:
+        """The worker answered 409 (draining, switching, retiring): its last poll is stale, so
+        it gets no work until the next poll says what it is now (otherwise every re-pairing
+        may pick it again at once and spend the request's attempts in milliseconds)."""
+        info = self.workers.get(wid)
+        if info is not None:
+            info.state = None
+
     # -- polling --------------------------------------------------------------------------------
     async def start(self, session: aiohttp.ClientSession) -> None:
         self._session = session

@@ -53,11 +53,14 @@ class Fake:
     aborted: asyncio.Event = field(default_factory=asyncio.Event)
     calls: list[str] = field(default_factory=list)
     url: str = ""
+    #: Seconds before it answers an abort (a worker too loaded to answer in time).
+    abort_delay: float = 0.0
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         self.calls.append(request.path)
         if request.path == "/v1/internal/abort":
             self.aborts.append(orjson.loads(await request.read()))
+            await asyncio.sleep(self.abort_delay)
             self.aborted.set()
             return web.Response(text="{}")
         if request.path == "/v1/internal/prefill":
@@ -257,3 +260,84 @@ def test_a_migrated_request_is_followed_to_its_new_decode_worker() -> None:
     run(fakes, play)
     assert target.calls == [f"/v1/internal/decode/{job.rid}/events"]
     assert job.finish_reason == "length"
+
+
+async def started_before_the_abort(fake: Fake, _: web.Request, resp: web.StreamResponse) -> None:
+    # The hand-off got here before the router heard the prefill half fail: a decode sidecar
+    # cancels such a half only on an unconditional abort.
+    await fake.aborted.wait()
+    if fake.aborts[-1].get("unless_started"):
+        for event in (TOKEN, TOKEN, DONE):
+            await resp.write(_line(event))
+    else:
+        await resp.write(_line({"event": "cancelled", "detail": fake.aborts[-1]["reason"]}))
+
+
+def test_a_prefill_half_failing_after_its_hand_off_does_not_cancel_the_decode_half() -> None:
+    # A prefill worker killed (or its hand-off call timed out) once its KV had been sent.
+    failed = {"status": "cancelled", "detail": "hand-off failed: TimeoutError"}
+    fakes = [Fake("p0", Role.PREFILL, prefill=[failed]),
+             Fake("d0", Role.DECODE, decode=started_before_the_abort)]  # fmt: skip
+    job = _job()
+
+    async def play(dispatcher: Dispatcher, f: dict[str, Fake]) -> None:
+        events = await collect(dispatcher, job)
+        assert [e["event"] for e in events] == ["token", "token"]
+
+    dispatcher = run(fakes, play)
+    assert fakes[1].aborts == [
+        {"rid": job.rid, "reason": "prefill half cancelled", "unless_started": True}
+    ]
+    assert dispatcher.retries == 0 and job.attempts == 1 and job.finish_reason == "length"
+
+
+async def no_token_until_closed(fake: Fake, request: web.Request, _: web.StreamResponse) -> None:
+    # A decode half waiting for a hand-off that is not coming; it ends when the router drops
+    # the stream (as a decode sidecar's does).
+    while request.transport is not None and not request.transport.is_closing():
+        await asyncio.sleep(0.05)
+
+
+def test_an_abort_the_decode_half_never_answers_drops_it_and_re_pairs() -> None:
+    # Found by the chaos drill: a prefill worker killed before its hand-off, and the abort to a
+    # decode worker too loaded to answer within its timeout: the request waited for the
+    # first-token timeout (504) instead of being re-paired.
+    fakes = [Fake("p0", Role.PREFILL, prefill=[{"status": "cancelled"}, {"status": "done"}]),
+             Fake("d0", Role.DECODE, decode=no_token_until_closed, abort_delay=5.0),
+             Fake("d1", Role.DECODE, decode=tokens_then_done)]  # fmt: skip
+    job = _job()
+
+    async def play(dispatcher: Dispatcher, f: dict[str, Fake]) -> None:
+        dispatcher.abort_timeout_s = 0.2
+        events = await collect(dispatcher, job)
+        assert [e["event"] for e in events] == ["token", "token"]
+
+    dispatcher = run(fakes, play, first_token_timeout_s=20.0)
+    assert dispatcher.retries == 1 and job.attempts == 2 and job.finish_reason == "length"
+    assert [a["unless_started"] for a in fakes[1].aborts] == [True, True]  # asked twice
+
+
+def test_a_worker_that_turns_requests_away_is_skipped_until_polled_again() -> None:
+    # Found by the chaos drill: the only decode worker the router thought Active was draining
+    # (a switch since its last poll) and answered 409; every re-pairing chose it again, and the
+    # request spent its 6 attempts in 40 ms (503) before the next poll.
+    fakes = [Fake("p0", Role.PREFILL), Fake("d0", Role.DECODE, decode=409),
+             Fake("d1", Role.DECODE, decode=tokens_then_done)]  # fmt: skip
+    job = _job()
+
+    async def play(dispatcher: Dispatcher, f: dict[str, Fake]) -> None:
+        d1 = dispatcher.workers.workers["d1"]
+        d1.healthy = False  # restarting: the next poll brings it back
+
+        async def poll_brings_d1_back() -> None:
+            await asyncio.sleep(0.5)
+            d1.healthy = True
+
+        back = asyncio.ensure_future(poll_brings_d1_back())
+        events = await collect(dispatcher, job)
+        await back
+        assert [e["event"] for e in events] == ["token", "token"]
+
+    dispatcher = run(fakes, play)
+    assert fakes[1].calls == ["/v1/internal/decode"]  # turned away once, then skipped
+    assert dispatcher.retries == 1 and job.finish_reason == "length"

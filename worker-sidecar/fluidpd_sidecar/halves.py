@@ -44,6 +44,8 @@ class DecodeState:
     #: Someone is reading the event stream (the decode call itself, or the router after a
     #: migration); a second reader would steal its events.
     subscribed: bool = False
+    #: Its KV is here (the prefill hand-off arrived, or it migrated in): it can finish.
+    started: bool = False
 
 
 def check_half(half: RequestHalf, context_limit: int, vocab: int) -> None:

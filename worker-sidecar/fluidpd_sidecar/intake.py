@@ -138,6 +138,7 @@ class Intake(Outbox):
             self._dispatch()
             self._end_decode(body.rid, DecodeEvent(event="error", detail=f"KV import: {exc}"))
             raise BadRequest(str(exc)) from exc
+        half.started = True
         self.worker.decode.handoff_done(body.rid, body.prefix_tokens, time.time())
         self._dispatch()
         self.wake()
@@ -204,7 +205,12 @@ class Intake(Outbox):
         if rid in self._unclaimed:
             found = True  # it ended already; its events wait for a reader that is not coming
             del self._unclaimed[rid]
-        if rid in self.decode_halves:
+        dec = self.decode_halves.get(rid)
+        if dec is not None and body.unless_started and dec.started:
+            # The prefill side gave up (its peer call timed out, its process died) after the
+            # hand-off got here: the request can finish, so it does.
+            log.info("request %d: abort (%s) ignored, its hand-off is here", rid, body.reason)
+        elif dec is not None:
             found = True
             self.worker.decode.cancel(rid)
             self._dispatch()

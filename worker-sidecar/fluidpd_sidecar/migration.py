@@ -50,6 +50,7 @@ class Migration(Intake):
                 self.worker.decode.cancel(half.rid)
                 self.engine.release(half.rid)
                 raise Conflict(f"no KV transport room for request {half.rid}")
+        state.started = True
         self.decode_halves[half.rid] = state
         log.info("request %d adopted (migrating in after %d tokens)", half.rid, body.generated)
         return state.dest
