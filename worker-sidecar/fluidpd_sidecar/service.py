@@ -200,9 +200,10 @@ class SidecarService:
                 await task
         await self.peers.close()
         close = getattr(self.transfer, "close", None)
-        if self.transfer.name == "shm" and close is not None:
+        if self.transfer.name in ("shm", "cuda-ipc") and close is not None:
             # Its arena is memory until unlinked, and uvicorn re-raises SIGTERM once shut down,
-            # so the process ends without running atexit handlers: release it here.
+            # so the process ends without running atexit handlers: release it here (cuda-ipc:
+            # close the mappings of peers' GPU arenas).
             close()
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
