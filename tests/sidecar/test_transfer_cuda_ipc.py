@@ -22,16 +22,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 from fluidpd_sidecar.arena import TransferError
 from fluidpd_sidecar.ipc_handles import IpcSession, PeerMaps, process_start
+from fluidpd_sidecar.transfer_cuda_ipc import CudaIpcTransfer, CudaIpcUnavailableError
 
-try:
-    import torch
-
-    HAS_CUDA = torch.cuda.is_available()
-except ImportError:  # pragma: no cover - the test venv has torch
-    HAS_CUDA = False
+HAS_CUDA = torch.cuda.is_available()
 
 NEEDS = "--kv-transfer cuda-ipc needs a CUDA device"
 ARENA = 1 << 20
@@ -196,8 +193,6 @@ def test_sessions_name_one_process_for_good() -> None:
 
 @pytest.mark.skipif(HAS_CUDA, reason="the refusal is for machines without a CUDA device")
 def test_the_transport_refuses_to_start_without_cuda() -> None:
-    from fluidpd_sidecar.transfer_cuda_ipc import CudaIpcTransfer, CudaIpcUnavailableError
-
     for device in ("cuda", "cuda:0", "cpu"):
         with pytest.raises(CudaIpcUnavailableError, match=NEEDS):
             CudaIpcTransfer(ARENA, device=device)
