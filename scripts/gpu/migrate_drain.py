@@ -80,6 +80,7 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=2048)
     ap.add_argument("--max-tokens", type=int, default=512)
     ap.add_argument("--model", default="llama-3.1-8b", help="the served model name")
+    ap.add_argument("--no-control", action="store_true", help="skip the control phase")
     ap.add_argument("--out", required=True)
     ap.add_argument("up", nargs="*", help="after --: extra fluidpd up arguments")
     args = ap.parse_args()
@@ -90,14 +91,7 @@ def main() -> None:
                for _ in range(2 * args.active)]  # fmt: skip
     run_dir = Path(args.out).parent / "migrate-drain-stack"
     out: dict[str, Any] = {"command": "python " + " ".join(sys.argv), "args": vars(args)}
-    with LocalStack(run_dir, "1P2D", "static", *args.up, token="migrate-drain") as stack:
-        ref = asyncio.run(phase(stack, args.model, prompts, args.max_tokens, None))
-        print("reference phase done", flush=True)
-        ctl = asyncio.run(phase(stack, args.model, prompts, args.max_tokens, None))
-        print("control phase done", flush=True)
-        mig = asyncio.run(phase(stack, args.model, prompts, args.max_tokens, args.active))
-        out["orphans"] = stack.stop()
-    ref_text = [r.get("text") for r in ref["results"]]
+    ref_text: list[str | None] = []
 
     def same(res: dict[str, Any]) -> dict[str, Any]:
         texts = [r.get("text") for r in res["results"]]
@@ -106,11 +100,30 @@ def main() -> None:
         return {"equal": sum(a is not None and a == b for a, b in pairs),
                 "of": len(texts), "errors": errors[:5], "n_errors": len(errors)}  # fmt: skip
 
-    out["control_vs_reference"] = same(ctl)
-    out["migrated_vs_reference"] = same(mig)
-    out["switch"] = mig["switch"]
+    def save(note: str) -> None:
+        # After each phase: a run cut short by its time limit still says how far it got.
+        out["progress"] = note
+        Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+        print(note, flush=True)
+
+    t0 = time.time()
+    with LocalStack(run_dir, "1P2D", "static", *args.up, token="migrate-drain") as stack:
+        out["ready_s"] = round(time.time() - t0, 1)
+        save(f"stack ready after {out['ready_s']} s")
+        ref = asyncio.run(phase(stack, args.model, prompts, args.max_tokens, None))
+        ref_text = [r.get("text") for r in ref["results"]]
+        save(f"reference phase done at {time.time() - t0:.0f} s")
+        if not args.no_control:
+            ctl = asyncio.run(phase(stack, args.model, prompts, args.max_tokens, None))
+            out["control_vs_reference"] = same(ctl)
+            save(f"control phase done at {time.time() - t0:.0f} s")
+        mig = asyncio.run(phase(stack, args.model, prompts, args.max_tokens, args.active))
+        out["migrated_vs_reference"] = same(mig)
+        out["switch"] = mig["switch"]
+        save(f"migrate phase done at {time.time() - t0:.0f} s")
+        out["orphans"] = stack.stop()
+    save("done")
     print(json.dumps({k: v for k, v in out.items() if k != "args"}, indent=1))
-    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -118,9 +118,10 @@ class TorchIpc:
         return mapped
 
     def close(self, mapping: torch.Tensor) -> None:
-        # Copies through it were synchronised before their lease was released; dropping the
-        # reference here (the caller holds none) closes the mapping.
-        del mapping
+        # Copies through it were synchronised before their lease was released. Pointing the
+        # tensor at an empty storage drops the mapped one at once, whoever still holds the
+        # tensor object, and torch closes the handle with its last reference.
+        mapping.set_()
 
 
 class CudaIpcTransfer(ArenaSlots):

@@ -60,7 +60,8 @@ def write(view: KVBytes, rid: int, first_token: int, kv: torch.Tensor) -> int:
         view[: len(head)] = head
         if n:
             view.tensor[HEADER : HEADER + n].view(kv.dtype).view(kv.shape).copy_(kv)
-        torch.cuda.current_stream(view.tensor.device).synchronize()
+        if view.tensor.is_cuda:
+            torch.cuda.current_stream(view.tensor.device).synchronize()
         return HEADER + n
     view[: len(head)] = head
     if n:
