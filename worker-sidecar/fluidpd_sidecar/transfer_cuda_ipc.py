@@ -121,7 +121,7 @@ class TorchIpc:
         # Copies through it were synchronised before their lease was released. Pointing the
         # tensor at an empty storage drops the mapped one at once, whoever still holds the
         # tensor object, and torch closes the handle with its last reference.
-        mapping.set_(torch.UntypedStorage(0, device=mapping.device))
+        mapping.set_(torch.empty(0, dtype=torch.uint8, device=mapping.device).untyped_storage())
 
 
 class CudaIpcTransfer(ArenaSlots):
