@@ -6,14 +6,29 @@ for two small things the sidecar does with the bytes itself: it writes a ``sim``
 (``bytes(view[:8])``). A ``DeviceView`` does both with a tiny host copy; the ``gpu`` engine reads
 and writes its ``tensor`` directly, on the device. torch is imported only when a view is used,
 so the module imports anywhere.
+
+Those small copies run on a side stream of their own: on the default stream they would queue
+behind the decode step the engine's thread has in flight, and the event loop (which checks a
+hand-off's stamp) would stall for the rest of that step.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
+
+_SIDE: dict[Any, Any] = {}
+
+
+def _side_stream(device: torch.device) -> Any:
+    import torch  # noqa: PLC0415 - see the module's docstring
+
+    stream = _SIDE.get(device)
+    if stream is None:
+        stream = _SIDE[device] = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+    return stream
 
 
 class DeviceView:
@@ -28,7 +43,13 @@ class DeviceView:
         return int(self.tensor.numel())
 
     def __bytes__(self) -> bytes:
-        return bytes(self.tensor.cpu().numpy().tobytes())
+        import torch  # noqa: PLC0415
+
+        if not self.tensor.is_cuda:
+            return bytes(self.tensor.numpy().tobytes())
+        with torch.cuda.stream(_side_stream(self.tensor.device)):
+            host = self.tensor.cpu()  # waits for this copy, not for the engine's step
+        return bytes(host.numpy().tobytes())
 
     def __getitem__(self, key: slice) -> DeviceView:
         return DeviceView(self.tensor[key])
@@ -39,5 +60,13 @@ class DeviceView:
         target = self.tensor[key]
         if len(value) != target.numel():
             raise ValueError(f"{len(value)} bytes for a slice of {target.numel()}")
-        if value:
-            target.copy_(torch.frombuffer(bytearray(value), dtype=torch.uint8))
+        if not value:
+            return
+        src = torch.frombuffer(bytearray(value), dtype=torch.uint8)
+        if not target.is_cuda:
+            target.copy_(src)
+            return
+        stream = _side_stream(target.device)
+        with torch.cuda.stream(stream):
+            target.copy_(src)
+        stream.synchronize()
