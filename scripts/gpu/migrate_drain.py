@@ -20,6 +20,7 @@ import json
 import random
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -69,9 +70,29 @@ async def phase(stack: LocalStack, model: str, prompts: list[list[int]], max_tok
                 await asyncio.sleep(0.01)
             switch = {"active_at_switch": before["batch"], "drain_s":
                       round(p["last_switch_finished"] - p["last_switch_started"], 3),
-                      "observed_s": round(time.time() - t0, 3)}  # fmt: skip
+                      "observed_s": round(time.time() - t0, 3), "t0": t0}  # fmt: skip
         results = await asyncio.gather(*tasks)
     return {"switch": switch, "results": results}
+
+
+def moves_after(log: Path, t0: float) -> dict[str, Any]:
+    """When w1's moves ended: its ``request N migrated to URL`` lines after the switch at
+    ``t0`` (the drain ends when the last request left w1's batch; its KV may still be on its
+    way, so the time the last one was activated on its new worker is reported beside it)."""
+    times = []
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return {}
+    for line in lines:
+        if " migrated to " not in line:
+            continue
+        stamp = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        if stamp >= t0:
+            times.append(stamp - t0)
+    if not times:
+        return {"moved": 0}
+    return {"moved": len(times), "first_s": round(min(times), 3), "last_s": round(max(times), 3)}
 
 
 def main() -> None:
@@ -120,6 +141,7 @@ def main() -> None:
         mig = asyncio.run(phase(stack, args.model, prompts, args.max_tokens, args.active))
         out["migrated_vs_reference"] = same(mig)
         out["switch"] = mig["switch"]
+        out["moves"] = moves_after(run_dir / "w1.log", mig["switch"].get("t0", 0.0))
         save(f"migrate phase done at {time.time() - t0:.0f} s")
         out["orphans"] = stack.stop()
     save("done")
