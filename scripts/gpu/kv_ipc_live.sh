@@ -38,11 +38,12 @@ if [ "${1:-1}" = 1 ]; then
 else
   # (c) The 2P2D shape of results/gpu/live-8b-shared (four 8B workers on the GPU, its profile,
   # azure-mixed, 300 requests), one rate by default (16 req/s, where FluidPD fell furthest
-  # behind static with shm and drain wait), with cuda-ipc and drain migrate; the GPU arenas
-  # are 2,080 MiB (the KV of a 16K-token request plus slack).
+  # behind static with shm and drain wait), with cuda-ipc and drain migrate. GPU arenas of
+  # 3 GiB (the shm runs had 4 GiB host arenas; four 4 GiB GPU arenas beside four 8B workers
+  # would leave the GPU too little slack; 2080 MiB is the least that holds a 16K-token KV).
   export WORKERS=4 PROFILE=results/gpu/live-8b-shared/llama-3.1-8b-h200-shared4.yaml \
     WORKLOADS=azure-mixed RATES="${RATES:-16}" N_MIXED=300 RUN_TIMEOUT=${RUN_TIMEOUT:-105} \
-    REPLAY_ARGS="--timeout 20" ARENA_MIB=2080 NO_SIM=1 NO_SETUP=1 \
+    REPLAY_ARGS="--timeout 20" ARENA_MIB=${ARENA_MIB:-3072} NO_SIM=1 NO_SETUP=1 \
     UP_ARGS="--kv-transfer cuda-ipc --drain-mode migrate" LABEL_SUFFIX=-cuda-ipc
   bash scripts/gpu/paper_scale.sh > $OUT/run-log.txt 2>&1
   tail -n 30 $OUT/run-log.txt
