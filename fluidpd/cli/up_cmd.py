@@ -130,7 +130,8 @@ def add_parser(sub: Any) -> None:
         "--kv-arena-mib",
         type=positive_int,
         default=1024,
-        help="mooncake/shm: registered host memory per sidecar for KV hand-offs, MiB",
+        help="mooncake/shm: registered host memory per sidecar for KV hand-offs, MiB "
+        "(cuda-ipc: GPU memory of the sidecar's device)",
     )
     p.add_argument(
         "--pairing",
