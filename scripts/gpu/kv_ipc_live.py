@@ -11,7 +11,7 @@ and loading it from the received slot into GPU memory (cuda-ipc: D2D; shm: H2D).
 
 ``leak``: the receiver (a 2 GiB arena) is SIGKILLed while this process maps it; the device's
 free memory is read before, with both alive, right after the kill and after the transport's
-sweeper closed the mapping: a dead peer's arena must come back.
+background sweeper (every 2 s) closed the mapping: a dead peer's arena must come back.
 
 Prints progress and writes JSON after each part: ``python kv_ipc_live.py bench --out X.json``.
 """
@@ -163,7 +163,9 @@ def leak(device: str, arena_mib: int) -> dict[str, Any]:
         torch.cuda.synchronize()
         return round(torch.cuda.mem_get_info(torch.device(device))[0] / MIB, 1)
 
-    t = CudaIpcTransfer(64 * MIB, device=device, sweep_s=0.5)
+    # The background sweeper looks every 2 s: the reading right after the kill (0.2 s) comes
+    # before it, most likely (``mapped_at_kill_reading`` says whether it did).
+    t = CudaIpcTransfer(64 * MIB, device=device, sweep_s=2.0)
     free0 = free_mib()
     ctx = mp.get_context("spawn")
     conn, child = ctx.Pipe()
@@ -183,6 +185,7 @@ def leak(device: str, arena_mib: int) -> dict[str, Any]:
     proc.join(10)
     time.sleep(0.2)
     free2 = free_mib()
+    mapped_at_kill_reading = t.maps.mapped
     t0 = time.time()
     while t.maps.mapped and time.time() - t0 < 10:
         time.sleep(0.05)
@@ -204,6 +207,7 @@ def leak(device: str, arena_mib: int) -> dict[str, Any]:
         },
         "held_after_kill_mib": round(free3 - free2, 1),
         "mapped_before_kill": mapped_before,
+        "mapped_at_kill_reading": mapped_at_kill_reading,
         "mapped_after_sweep": t.maps.mapped,
         "sweep_closed_after_s": swept_s,
         "closed_dead": t.maps.stats.closed_dead,
