@@ -50,11 +50,14 @@ async def phase(stack: LocalStack, model: str, prompts: list[list[int]], max_tok
         switch: dict[str, Any] = {}
         if switch_at is not None:
             w1, w2 = stack.workers["w1"], stack.workers["w2"]
-            # Until w1 holds ``switch_at`` (or, if it never does, the most it held for 60 s).
+            # Until w1 holds ``switch_at``, or its batch has peaked below that (it shrinks
+            # again: outputs end faster than prompts arrive), or 60 s. (Waiting the full 60 s
+            # for a peak that has passed switched an empty worker on 2026-12-02.)
             t_wait, most = time.time(), 0
             while time.time() - t_wait < 60:
-                most = max(most, (await get_json(s, f"{w1}/pressure"))["batch"])
-                if most >= switch_at:
+                now = (await get_json(s, f"{w1}/pressure"))["batch"]
+                most = max(most, now)
+                if most >= switch_at or (most >= 4 and now <= most - 2):
                     break
                 await asyncio.sleep(0.02)
             print(f"switching w1 with {most} active", flush=True)
