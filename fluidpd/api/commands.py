@@ -17,7 +17,7 @@ from dataclasses import dataclass
 #: The sidecar's engines (``--engine``).
 ENGINES = ("sim", "gpu", "sglang")
 #: KV hand-off transports (``--kv-transfer``).
-TRANSFERS = ("sim", "mooncake", "shm")
+TRANSFERS = ("sim", "mooncake", "shm", "cuda-ipc")
 
 
 @dataclass(frozen=True, slots=True)

@@ -221,6 +221,20 @@ def add_gpu_engine_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def check_cuda_ipc(devices: list[str]) -> None:
+    """``--kv-transfer cuda-ipc``: every device a CUDA device torch can use, or one line saying
+    why not (imports torch: call only when that transport is asked for)."""
+    try:
+        from fluidpd_sidecar.transfer_cuda_ipc import CudaIpcUnavailableError, cuda_device
+    except ImportError as exc:
+        raise UserError(f"--kv-transfer cuda-ipc needs a CUDA device; torch: {exc}") from None
+    for text in devices:
+        try:
+            cuda_device(text)
+        except CudaIpcUnavailableError as exc:
+            raise UserError(str(exc)) from None
+
+
 def check_gpu_devices(devices: list[str]) -> None:
     """Each ``--device`` usable by the gpu engine, or one line naming the bad one (imports torch:
     call only when the gpu engine is asked for)."""

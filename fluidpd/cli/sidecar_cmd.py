@@ -16,6 +16,7 @@ from fluidpd.cli.options import (
     add_gpu_engine_options,
     add_model_dir_option,
     add_service_options,
+    check_cuda_ipc,
     check_gpu_devices,
     configure_logging,
     load_model_dir_option,
@@ -34,6 +35,7 @@ from fluidpd.core.types import Role
 from fluidpd.profiles import resolve_profile
 
 if TYPE_CHECKING:
+    from fluidpd_sidecar.transfer_cuda_ipc import CudaIpcTransfer
     from fluidpd_sidecar.transfer_mooncake import MooncakeTransfer
     from fluidpd_sidecar.transfer_shm import ShmTransfer
 
@@ -63,14 +65,15 @@ def add_parser(sub: Any) -> None:
         "--kv-transfer",
         choices=TRANSFERS,
         default="sim",
-        help="KV hand-off: modelled time, real bytes over mooncake's TCP transport, or real "
-        "bytes through shared memory (one host)",
+        help="KV hand-off: modelled time, real bytes over mooncake's TCP transport, real "
+        "bytes through shared memory (one host), or GPU to GPU through CUDA IPC handles (one "
+        "host; the arena is memory of --device)",
     )
     p.add_argument(
         "--kv-arena-mib",
         type=positive_int,
         default=1024,
-        help="mooncake/shm: registered host memory for KV hand-offs, MiB",
+        help="mooncake/shm: registered host memory for KV hand-offs, MiB (cuda-ipc: GPU memory)",
     )
     add_model_dir_option(p)
     add_gpu_engine_options(p)
@@ -197,12 +200,20 @@ def run(args: argparse.Namespace) -> int:
     if args.engine == "sglang":
         return _run_sglang(args, cfg, text)
     if args.engine == "gpu" and args.kv_transfer == "sim":
-        raise UserError("--kv-transfer: the gpu engine hands off real KV; use shm or mooncake")
+        raise UserError(
+            "--kv-transfer: the gpu engine hands off real KV; use shm, mooncake or cuda-ipc"
+        )
     if args.engine == "gpu":
         check_gpu_devices([args.device])  # before a KV arena is made
     transfer: KVTransfer
-    staging: ShmTransfer | MooncakeTransfer | None = None
-    if args.kv_transfer == "mooncake":
+    staging: ShmTransfer | MooncakeTransfer | CudaIpcTransfer | None = None
+    if args.kv_transfer == "cuda-ipc":
+        check_cuda_ipc([args.device])
+        from fluidpd_sidecar.transfer_cuda_ipc import CudaIpcTransfer
+
+        staging = CudaIpcTransfer(arena_bytes=args.kv_arena_mib << 20, device=args.device)
+        transfer = staging
+    elif args.kv_transfer == "mooncake":
         from fluidpd_sidecar.transfer_mooncake import MooncakeTransfer
 
         staging = MooncakeTransfer(hostname=args.host, arena_bytes=args.kv_arena_mib << 20)

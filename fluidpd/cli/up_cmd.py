@@ -38,6 +38,7 @@ from fluidpd.cli.options import (
     add_float,
     add_gpu_engine_options,
     add_model_dir_option,
+    check_cuda_ipc,
     check_gpu_devices,
     load_model_dir_option,
     positive_int,
@@ -102,8 +103,9 @@ def add_parser(sub: Any) -> None:
         "--kv-transfer",
         choices=TRANSFERS,
         default="sim",
-        help="KV hand-off: modelled time, real bytes over mooncake's TCP transport, or real "
-        "bytes through shared memory (one host); the gpu engine needs mooncake or shm",
+        help="KV hand-off: modelled time, real bytes over mooncake's TCP transport, real "
+        "bytes through shared memory (one host), or GPU to GPU through CUDA IPC handles (one "
+        "host, CUDA devices); the gpu engine needs mooncake, shm or cuda-ipc",
     )
     p.add_argument(
         "--engine",
@@ -129,7 +131,8 @@ def add_parser(sub: Any) -> None:
         "--kv-arena-mib",
         type=positive_int,
         default=1024,
-        help="mooncake/shm: registered host memory per sidecar for KV hand-offs, MiB",
+        help="mooncake/shm: registered host memory per sidecar for KV hand-offs, MiB "
+        "(cuda-ipc: GPU memory of the sidecar's device)",
     )
     p.add_argument(
         "--pairing",
@@ -219,12 +222,16 @@ def run(args: argparse.Namespace) -> int:
         str(model_dir.path.resolve()) if args.model_dir else None,
     )
     if args.engine == "gpu" and args.kv_transfer == "sim":
-        raise UserError("--kv-transfer: the gpu engine hands off real KV; use shm or mooncake")
+        raise UserError(
+            "--kv-transfer: the gpu engine hands off real KV; use shm, mooncake or cuda-ipc"
+        )
     devices = [d.strip() for d in args.device.split(",") if d.strip()]
     if not devices:
         raise UserError("--device: empty")
     if args.engine == "gpu":
         check_gpu_devices(devices)
+    if args.kv_transfer == "cuda-ipc":
+        check_cuda_ipc(devices)
     base_port = args.base_port or args.port + 101
     ports = list(range(base_port, base_port + n_prefill + n_decode))
     if args.port in ports:

@@ -20,6 +20,7 @@ import json
 import random
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -49,11 +50,14 @@ async def phase(stack: LocalStack, model: str, prompts: list[list[int]], max_tok
         switch: dict[str, Any] = {}
         if switch_at is not None:
             w1, w2 = stack.workers["w1"], stack.workers["w2"]
-            # Until w1 holds ``switch_at`` (or, if it never does, the most it held for 60 s).
+            # Until w1 holds ``switch_at``, or its batch has peaked below that (it shrinks
+            # again: outputs end faster than prompts arrive), or 60 s. (Waiting the full 60 s
+            # for a peak that has passed switched an empty worker on 2026-12-02.)
             t_wait, most = time.time(), 0
             while time.time() - t_wait < 60:
-                most = max(most, (await get_json(s, f"{w1}/pressure"))["batch"])
-                if most >= switch_at:
+                now = (await get_json(s, f"{w1}/pressure"))["batch"]
+                most = max(most, now)
+                if most >= switch_at or (most >= 4 and now <= most - 2):
                     break
                 await asyncio.sleep(0.02)
             print(f"switching w1 with {most} active", flush=True)
@@ -69,9 +73,29 @@ async def phase(stack: LocalStack, model: str, prompts: list[list[int]], max_tok
                 await asyncio.sleep(0.01)
             switch = {"active_at_switch": before["batch"], "drain_s":
                       round(p["last_switch_finished"] - p["last_switch_started"], 3),
-                      "observed_s": round(time.time() - t0, 3)}  # fmt: skip
+                      "observed_s": round(time.time() - t0, 3), "t0": t0}  # fmt: skip
         results = await asyncio.gather(*tasks)
     return {"switch": switch, "results": results}
+
+
+def moves_after(log: Path, t0: float) -> dict[str, Any]:
+    """When w1's moves ended: its ``request N migrated to URL`` lines after the switch at
+    ``t0`` (the drain ends when the last request left w1's batch; its KV may still be on its
+    way, so the time the last one was activated on its new worker is reported beside it)."""
+    times = []
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return {}
+    for line in lines:
+        if " migrated to " not in line:
+            continue
+        stamp = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        if stamp >= t0:
+            times.append(stamp - t0)
+    if not times:
+        return {"moved": 0}
+    return {"moved": len(times), "first_s": round(min(times), 3), "last_s": round(max(times), 3)}
 
 
 def main() -> None:
@@ -80,6 +104,7 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=2048)
     ap.add_argument("--max-tokens", type=int, default=512)
     ap.add_argument("--model", default="llama-3.1-8b", help="the served model name")
+    ap.add_argument("--no-control", action="store_true", help="skip the control phase")
     ap.add_argument("--out", required=True)
     ap.add_argument("up", nargs="*", help="after --: extra fluidpd up arguments")
     args = ap.parse_args()
@@ -90,14 +115,7 @@ def main() -> None:
                for _ in range(2 * args.active)]  # fmt: skip
     run_dir = Path(args.out).parent / "migrate-drain-stack"
     out: dict[str, Any] = {"command": "python " + " ".join(sys.argv), "args": vars(args)}
-    with LocalStack(run_dir, "1P2D", "static", *args.up, token="migrate-drain") as stack:
-        ref = asyncio.run(phase(stack, args.model, prompts, args.max_tokens, None))
-        print("reference phase done", flush=True)
-        ctl = asyncio.run(phase(stack, args.model, prompts, args.max_tokens, None))
-        print("control phase done", flush=True)
-        mig = asyncio.run(phase(stack, args.model, prompts, args.max_tokens, args.active))
-        out["orphans"] = stack.stop()
-    ref_text = [r.get("text") for r in ref["results"]]
+    ref_text: list[str | None] = []
 
     def same(res: dict[str, Any]) -> dict[str, Any]:
         texts = [r.get("text") for r in res["results"]]
@@ -106,11 +124,31 @@ def main() -> None:
         return {"equal": sum(a is not None and a == b for a, b in pairs),
                 "of": len(texts), "errors": errors[:5], "n_errors": len(errors)}  # fmt: skip
 
-    out["control_vs_reference"] = same(ctl)
-    out["migrated_vs_reference"] = same(mig)
-    out["switch"] = mig["switch"]
+    def save(note: str) -> None:
+        # After each phase: a run cut short by its time limit still says how far it got.
+        out["progress"] = note
+        Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+        print(note, flush=True)
+
+    t0 = time.time()
+    with LocalStack(run_dir, "1P2D", "static", *args.up, token="migrate-drain") as stack:
+        out["ready_s"] = round(time.time() - t0, 1)
+        save(f"stack ready after {out['ready_s']} s")
+        ref = asyncio.run(phase(stack, args.model, prompts, args.max_tokens, None))
+        ref_text = [r.get("text") for r in ref["results"]]
+        save(f"reference phase done at {time.time() - t0:.0f} s")
+        if not args.no_control:
+            ctl = asyncio.run(phase(stack, args.model, prompts, args.max_tokens, None))
+            out["control_vs_reference"] = same(ctl)
+            save(f"control phase done at {time.time() - t0:.0f} s")
+        mig = asyncio.run(phase(stack, args.model, prompts, args.max_tokens, args.active))
+        out["migrated_vs_reference"] = same(mig)
+        out["switch"] = mig["switch"]
+        out["moves"] = moves_after(run_dir / "w1.log", mig["switch"].get("t0", 0.0))
+        save(f"migrate phase done at {time.time() - t0:.0f} s")
+        out["orphans"] = stack.stop()
+    save("done")
     print(json.dumps({k: v for k, v in out.items() if k != "args"}, indent=1))
-    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
 
 
 if __name__ == "__main__":

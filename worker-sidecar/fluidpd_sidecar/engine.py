@@ -46,6 +46,10 @@ from fluidpd.core.scheduler.decode import DecodeBatch
 from fluidpd.core.scheduler.prefill import PrefillBatch
 from fluidpd.core.step_times import StepTimes
 from fluidpd.core.types import Role
+from fluidpd_sidecar.device_view import DeviceView
+
+#: A transport's bytes as the engines see them: host memory, or a GPU arena (``cuda-ipc``).
+KVBytes = memoryview | DeviceView
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,13 +61,14 @@ class KVRegion:
 
 
 class KVStaging(Protocol):
-    """A transport's registered host memory that an engine stages outgoing KV in."""
+    """A transport's registered memory that an engine stages outgoing KV in (host memory, or
+    device memory for ``cuda-ipc``)."""
 
     def source_buffer(self, nbytes: int) -> KVRegion | None: ...
 
     def release_source(self, region: KVRegion) -> None: ...
 
-    def view(self, addr: int, nbytes: int) -> memoryview: ...
+    def view(self, addr: int, nbytes: int) -> KVBytes: ...
 
 
 def kv_stamp(rid: int) -> bytes:
@@ -124,7 +129,7 @@ class Engine(Protocol):
         ...
 
     def import_kv(
-        self, rid: int, prefix_tokens: int, view: memoryview | None, first: SampledToken | None
+        self, rid: int, prefix_tokens: int, view: KVBytes | None, first: SampledToken | None
     ) -> None:
         """Decode side: a request's prefix KV arrived in ``view`` (None: the transport moves
         no bytes), with token 0 when the prefill worker computed the whole prompt; called
@@ -266,7 +271,7 @@ class SimEngine:
         return tokens * self.profile.kv.bytes_per_token
 
     def import_kv(
-        self, rid: int, prefix_tokens: int, view: memoryview | None, first: SampledToken | None
+        self, rid: int, prefix_tokens: int, view: KVBytes | None, first: SampledToken | None
     ) -> None:
         # The stamp check in the service is all a sim engine can verify; it keeps no view.
         req = self._requests.get(rid)

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -93,6 +94,7 @@ class Migration(Intake):
             return
         move_s = self.cfg.profile.transfer_model().time
         plan = plan_migration(d.migrants(move_s), await self._peer_room(), d.step_s())
+        moves: list[tuple[int, str, DecodeState, Adopt]] = []
         for rid, target in plan:
             half = self.decode_halves.get(rid)
             slot = d.active.get(rid)
@@ -110,10 +112,16 @@ class Migration(Intake):
                 output_ids=half.stream.output_ids,
                 first_token_t=half.req.first_token_t,
             )
-            try:
-                answer = await self.peers.post(target, "/v1/internal/adopt", body)
-            except PeerError as exc:
-                log.info("migration of %d to %s refused: %s", rid, target, exc)
+            moves.append((rid, target, half, body))
+        # Every adoption of the plan at once: the drain pays one round trip, not one per
+        # request (no step runs meanwhile: this is the scheduler's own task).
+        answers = await asyncio.gather(
+            *(self.peers.post(target, "/v1/internal/adopt", body) for _, target, _, body in moves),
+            return_exceptions=True,
+        )
+        for (rid, target, half, _), answer in zip(moves, answers, strict=True):
+            if isinstance(answer, BaseException):
+                log.info("migration of %d to %s refused: %s", rid, target, answer)
                 continue
             if rid not in d.active:
                 # Finished or aborted while we asked: the adopted copy must not decode alone.

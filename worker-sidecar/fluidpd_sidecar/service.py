@@ -71,9 +71,10 @@ class SidecarService(Roles):
                 await task
         await self.peers.close()
         close = getattr(self.transfer, "close", None)
-        if self.transfer.name == "shm" and close is not None:
+        if self.transfer.name in ("shm", "cuda-ipc") and close is not None:
             # Its arena is memory until unlinked, and uvicorn re-raises SIGTERM once shut down,
-            # so the process ends without running atexit handlers: release it here.
+            # so the process ends without running atexit handlers: release it here (cuda-ipc:
+            # close the mappings of peers' GPU arenas).
             close()
 
     async def _run(self) -> None:

@@ -33,7 +33,7 @@ from fluidpd.api.sampling import SampledToken, SamplingParams
 from fluidpd.core.scheduler.decode import DecodeBatch
 from fluidpd.core.scheduler.prefill import PrefillBatch
 from fluidpd.core.types import Role
-from fluidpd_sidecar.engine import KVRegion, KVStaging
+from fluidpd_sidecar.engine import KVBytes, KVRegion, KVStaging
 from fluidpd_sidecar.gpu import wire
 from fluidpd_sidecar.gpu.runner import ModelRunner, pin_host_memory
 from fluidpd_sidecar.gpu.sampling import Row, Sampler, is_plain_greedy
@@ -55,7 +55,7 @@ class _Request:
 @dataclass(slots=True)
 class _Import:
     rid: int
-    view: memoryview | None
+    view: KVBytes | None
     tokens: int
     #: For the sampler's state: the prompt, its parameters and the tokens already out.
     ids: list[int]
@@ -114,6 +114,8 @@ class GpuEngine:
         size = getattr(self._staging, "arena_bytes", None)
         if not self.runner.on_cuda or base is None or size is None:
             return
+        if getattr(self._staging, "on_device", False):
+            return  # a GPU arena (cuda-ipc): nothing to pin
         if not pin_host_memory(base, size):
             log.warning("cudaHostRegister of the KV arena failed; copies are pageable")
 
@@ -288,7 +290,7 @@ class GpuEngine:
             self.stats.import_s += time.perf_counter() - t0
 
     def import_kv(
-        self, rid: int, prefix_tokens: int, view: memoryview | None, first: SampledToken | None
+        self, rid: int, prefix_tokens: int, view: KVBytes | None, first: SampledToken | None
     ) -> None:
         """The prefix KV of ``rid`` arrived in ``view`` (loaded on the GPU before the next step)."""
         req = self._request(rid)
@@ -358,7 +360,7 @@ class GpuEngine:
                                               rid, -1, kv)  # fmt: skip
         self.stats.stage_s += time.perf_counter() - t0
 
-    def import_decode(self, rid: int, view: memoryview) -> None:
+    def import_decode(self, rid: int, view: KVBytes) -> None:
         """A migrated request's KV arrived in ``view``: it is loaded before the next step and
         the request decodes on from its last output token (``admit`` gave the outputs)."""
         req = self._request(rid)
