@@ -27,9 +27,7 @@ import httpx
 import pytest
 from openai import AsyncOpenAI
 
-from tests.sglang.test_sglang_cpu import MAX_TOKENS, START_S, _free_ports, sglang_python
-
-__all__ = ["sglang_python"]  # the fixture, shared with test_sglang_cpu
+from tests.sglang.test_sglang_cpu import MAX_TOKENS, START_S, _free_ports
 
 TOKEN = "fluidrole-test"
 N_PROMPTS = 6

@@ -25,12 +25,10 @@ from pathlib import Path
 import httpx
 import pytest
 from openai import OpenAI
-from test_sglang_cpu import MAX_TOKENS, START_S, _free_ports, _text, sglang_python
+from test_sglang_cpu import MAX_TOKENS, START_S, _free_ports, _text
 
 from fluidpd_sidecar.sglang.server import SglangConfig, SglangServer
 from fluidpd_sidecar.sglang.wire import new_tokens
-
-__all__ = ["sglang_python"]  # a fixture, used by name
 
 TOKEN = "t"
 NEW = 12
