@@ -267,8 +267,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_sglang(args: argparse.Namespace, cfg: Any, text: Any) -> int:
     """The sidecar of an SGLang worker: SGLang's own P/D (KV over its Mooncake backend)."""
+    import logging
     import os
     import signal
+    import sys
     from pathlib import Path
     from urllib.parse import urlparse
 
@@ -332,5 +334,11 @@ def _run_sglang(args: argparse.Namespace, cfg: Any, text: Any) -> int:
     finally:
         signal.signal(signal.SIGTERM, previous)
     if service.failed:
-        raise UserError(f"sglang: {service.failed}")
+        # Everything is stopped by now (SGLang gone, service and HTTP server shut down), so end
+        # the process here rather than in interpreter shutdown: once, under load, a sidecar
+        # printed this line and then did not exit for ten minutes, keeping a failed pod alive.
+        print(f"fluidpd: error: sglang: {service.failed}", file=sys.stderr, flush=True)
+        logging.shutdown()
+        sys.stdout.flush()
+        os._exit(2)
     return 0
