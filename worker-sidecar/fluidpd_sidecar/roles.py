@@ -8,6 +8,7 @@ import logging
 import time
 
 from fluidpd.api.internal import Abort, DecodeEvent, RetireRequest, RoleRequest, RoleStatus
+from fluidpd.core.repair import drain_releases_reserved, release_asks
 from fluidpd.core.types import Role, RoleState
 from fluidpd_sidecar.errors import Conflict
 from fluidpd_sidecar.migration import Migration
@@ -45,7 +46,7 @@ class Roles(Migration):
         self._migrate_to = [u for u in body.migrate_to if u.rstrip("/") != self.cfg.url.rstrip("/")]
         self._drain_started = time.time()
         self._dispatch()
-        if source is Role.DECODE:
+        if drain_releases_reserved(source):
             self._spawn(self._release_reserved())
         log.info("switch %s -> %s started (drain %s)", source.value, body.role.value, body.drain)
         self.wake()
@@ -65,7 +66,7 @@ class Roles(Migration):
         self._retire_until = now + body.return_after_s if body.return_after_s else float("inf")
         self._migrate_to = [u for u in body.migrate_to if u.rstrip("/") != self.cfg.url.rstrip("/")]
         self._dispatch()
-        if w.role is Role.DECODE:
+        if drain_releases_reserved(w.role):
             self._spawn(self._release_reserved())
         log.info("retiring (drain %s)", body.drain.value)
         self.wake()
@@ -89,16 +90,17 @@ class Roles(Migration):
         if self.worker.retiring and now >= self._retire_until:
             self.cancel_retire("not completed in time (the worker was not removed)")
 
+    def _prefill_url_of(self, rid: int) -> str | None:
+        half = self.decode_halves.get(rid)
+        return None if half is None else half.prefill_url
+
     async def _release_reserved(self) -> None:
         """D->P: requests holding a reservation here whose prefill has not started are re-paired,
-        so the drain waits only for work in flight."""
-        for rid in list(self.worker.decode.reserved):
-            half = self.decode_halves.get(rid)
-            if half is None:
-                continue
+        so the drain waits only for work in flight (``fluidpd.core.repair``)."""
+        for rid, prefill_url in release_asks(self.worker.decode.reserved, self._prefill_url_of):
             try:
                 answer = await self.peers.post(
-                    half.prefill_url, "/v1/internal/release", Abort(rid=rid, reason="re-pair")
+                    prefill_url, "/v1/internal/release", Abort(rid=rid, reason="re-pair")
                 )
             except PeerError:
                 continue

@@ -40,6 +40,7 @@ from fluidpd.api.internal import (
     RoleRequest,
     RoleStatus,
 )
+from fluidpd.core.repair import drain_releases_reserved, release_asks
 from fluidpd.core.rolestate import RoleStateMachine
 from fluidpd.core.types import DrainMode, Role, RoleState
 from fluidpd_sidecar.errors import Conflict
@@ -212,6 +213,10 @@ class RoleDriver:
                 log.warning("SGLang refused the switch to %s: %s", target.value, out)
             await asyncio.sleep(POLL_S)
 
+    def _prefill_url_of(self, rid: int) -> str | None:
+        half = self.service.halves.get(rid)
+        return half.prefill_url if half is not None and half.prefill_url else None
+
     async def _repair_unstarted(self) -> None:
         svc = self.service
         code, out = await self._hook("unstarted", {})
@@ -219,17 +224,15 @@ class RoleDriver:
         self.repair.update(aborted)
         if aborted:
             log.info("re-pairing %d queued, not started requests", len(aborted))
-        if self.sm.role is not Role.DECODE:
+        if not drain_releases_reserved(self.sm.role):
             return
-        # Decode: requests holding a reservation here whose prefill may not have started.
-        for entry in list(svc.snapshot.get("transfer", [])):
-            rid = int(entry["rid"])
-            half = svc.halves.get(rid)
-            if half is None or not half.prefill_url or rid in self.repair:
-                continue
+        # Decode: requests holding a reservation here whose prefill may not have started
+        # (SGLang's transfer queue), asked about as ``fluidpd.core.repair`` says.
+        reserved = [int(entry["rid"]) for entry in svc.snapshot.get("transfer", [])]
+        for rid, prefill_url in release_asks(reserved, self._prefill_url_of, self.repair):
             try:
                 answer = await svc.peer_post(
-                    half.prefill_url, "/v1/internal/release", Abort(rid=rid, reason="re-pair")
+                    prefill_url, "/v1/internal/release", Abort(rid=rid, reason="re-pair")
                 )
             except (PeerError, ValueError):
                 continue
