@@ -21,16 +21,7 @@ class Roles(Migration):
     """Role switches and retirement."""
 
     def role_status(self) -> RoleStatus:
-        sm = self.worker.role_sm
-        return RoleStatus(
-            worker=self.cfg.worker_id,
-            role=sm.role,
-            state=sm.state,
-            target=sm.target,
-            since=sm.since,
-            switches=self.switches,
-            retiring=sm.retiring,
-        )
+        return RoleStatus.of(self.cfg.worker_id, self.worker.role_sm, self.switches)
 
     def request_role(self, body: RoleRequest) -> RoleStatus:
         w = self.worker

@@ -98,16 +98,7 @@ class RoleDriver:
         return bool(snap.get("ready")) and snap.get("mode") == self.sm.role.value
 
     def status(self) -> RoleStatus:
-        sm = self.sm
-        return RoleStatus(
-            worker=self.service.cfg.worker_id,
-            role=sm.role,
-            state=sm.state,
-            target=sm.target,
-            since=sm.since,
-            switches=self.switches,
-            retiring=sm.retiring,
-        )
+        return RoleStatus.of(self.service.cfg.worker_id, self.sm, self.switches)
 
     def report(self, base: PressureReport) -> PressureReport:
         last = self.last
