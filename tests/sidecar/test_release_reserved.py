@@ -8,27 +8,12 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-import orjson
 from pydantic import BaseModel
 
 from fluidpd.api.internal import Abort, RoleRequest
 from fluidpd.core.types import Role, RoleState
 from fluidpd_sidecar.peers import PeerError
-from fluidpd_sidecar.service import SidecarService
-from tests.sidecar.helpers import decode_half, sim_service
-
-
-async def _until(cond: Any, what: str) -> None:
-    for _ in range(500):
-        if cond():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(what)
-
-
-async def _events(svc: SidecarService, rid: int) -> list[dict[str, object]]:
-    half = svc.subscribe(svc.decode_half(rid))
-    return [orjson.loads(line) async for line in svc.events(half)]
+from tests.sidecar.helpers import decode_half, events_of, sim_service, until
 
 
 def test_decode_drain_repairs_only_what_the_prefill_peer_gives_back(tmp_path: Path) -> None:
@@ -53,10 +38,10 @@ def test_decode_drain_repairs_only_what_the_prefill_peer_gives_back(tmp_path: Pa
             assert list(svc.worker.decode.reserved) == [1, 2, 3]
             status = svc.request_role(RoleRequest(role=Role.PREFILL))
             assert status.state is RoleState.DRAIN and status.target is Role.PREFILL
-            await _until(lambda: 1 not in svc.worker.decode.reserved, "1 was never released")
-            events = await _events(svc, 1)
+            await until(lambda: 1 not in svc.worker.decode.reserved, "1 was never released")
+            events = await events_of(svc, 1)
             assert [e["event"] for e in events] == ["reroute"]
-            await _until(lambda: len(asked) == 3, "not every reservation was asked about")
+            await until(lambda: len(asked) == 3, "not every reservation was asked about")
             assert asked == [("http://p0.invalid", 1), ("http://p0.invalid", 2),
                              ("http://p0.invalid", 3)]  # fmt: skip
             # In flight as far as this worker knows: the drain waits for their KV.

@@ -7,33 +7,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import orjson
 from pydantic import BaseModel
 
 from fluidpd.api.internal import Abort, PrefillHalf, Reserved
 from fluidpd.api.sampling import SamplingParams
 from fluidpd.core.types import Role
 from fluidpd_sidecar.peers import PeerError
-from fluidpd_sidecar.service import SidecarService
 from fluidpd_sidecar.transfer import KVDest
-from tests.sidecar.helpers import decode_half, sim_service
-
-
-async def _until(cond: Callable[[], bool], what: str, polls: int = 1000) -> None:
-    for _ in range(polls):
-        if cond():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(what)
-
-
-async def _events(svc: SidecarService, rid: int) -> list[dict[str, Any]]:
-    half = svc.subscribe(svc.decode_half(rid))
-    return [orjson.loads(line) async for line in svc.events(half)]
+from tests.sidecar.helpers import decode_half, events_of, sim_service, until
 
 
 def _prefill_half(rid: int) -> PrefillHalf:
@@ -127,13 +111,13 @@ def test_reservations_wait_in_order_for_arena_room(tmp_path: Path) -> None:
         try:
             for rid in (1, 2, 3):
                 svc.accept_decode(decode_half(rid, 4))
-            await _until(lambda: posts.rids("/v1/internal/reserved") == [1], "1 not told")
+            await until(lambda: posts.rids("/v1/internal/reserved") == [1], "1 not told")
             # 2 and 3 hold KV in the scheduler but no arena room: the prefill side is not told.
             assert list(svc.worker.decode.reserved) == [1, 2, 3]
             await asyncio.sleep(0.05)
             assert posts.rids("/v1/internal/reserved") == [1]
             svc.abort(Abort(rid=1))  # its room goes back: the next in line gets it
-            await _until(lambda: posts.rids("/v1/internal/reserved") == [1, 2], "2 not told")
+            await until(lambda: posts.rids("/v1/internal/reserved") == [1, 2], "2 not told")
             svc.abort(Abort(rid=3))  # leaves the queue without room ever
             svc.abort(Abort(rid=2))
             await asyncio.sleep(0.05)
@@ -157,7 +141,7 @@ def test_halves_whose_peer_never_comes_through_expire(tmp_path: Path) -> None:
         try:
             d.accept_decode(decode_half(4, 4))  # reserved, but no hand-off ever comes
             outcome = p.accept_prefill(_prefill_half(9))  # no reservation ever comes
-            events = await asyncio.wait_for(_events(d, 4), 30)
+            events = await asyncio.wait_for(events_of(d, 4), 30)
             done = await asyncio.wait_for(outcome, 30)
         finally:
             await d.stop()
@@ -182,7 +166,7 @@ def test_a_prefill_peer_gone_before_the_reservation_reached_it(tmp_path: Path) -
         await svc.start()
         try:
             svc.accept_decode(decode_half(3, 4))
-            events = await asyncio.wait_for(_events(svc, 3), 30)
+            events = await asyncio.wait_for(events_of(svc, 3), 30)
             assert svc.worker.decode.committed == 0 and not svc.worker.decode.reserved
             # The worker takes work again: its KV was not lost with the request.
             svc.accept_decode(decode_half(4, 4))
