@@ -9,6 +9,7 @@ import time
 
 from fluidpd.api.internal import Abort, DecodeEvent, RetireRequest, RoleRequest, RoleStatus
 from fluidpd.core.repair import drain_releases_reserved, release_asks
+from fluidpd.core.rolestate import IllegalTransition
 from fluidpd.core.types import Role, RoleState
 from fluidpd_sidecar.errors import Conflict
 from fluidpd_sidecar.migration import Migration
@@ -25,13 +26,11 @@ class Roles(Migration):
 
     def request_role(self, body: RoleRequest) -> RoleStatus:
         w = self.worker
-        sm = w.role_sm
-        if sm.state is RoleState.ACTIVE and sm.role is body.role:
-            return self.role_status()  # already there: idempotent
-        if sm.state is not RoleState.ACTIVE:
-            if sm.target is body.role:
-                return self.role_status()  # the same switch is under way
-            raise Conflict(f"a switch to {sm.target.value if sm.target else '?'} is under way")
+        try:
+            if not w.role_sm.wants_switch(body.role):
+                return self.role_status()  # already there, or on its way: idempotent
+        except IllegalTransition as exc:
+            raise Conflict(str(exc)) from None
         source = w.role
         w.begin_switch(body.role, time.time(), body.drain)
         self._migrate_to = [u for u in body.migrate_to if u.rstrip("/") != self.cfg.url.rstrip("/")]
@@ -46,12 +45,11 @@ class Roles(Migration):
     def retire(self, body: RetireRequest) -> RoleStatus:
         """Scale-in: stop taking work and empty the worker; idempotent."""
         w = self.worker
-        if w.retiring:
-            return self.role_status()
-        if w.state is not RoleState.ACTIVE:
-            raise Conflict(
-                f"a switch to {w.role_sm.target.value if w.role_sm.target else '?'} is under way"
-            )
+        try:
+            if not w.role_sm.wants_retire():
+                return self.role_status()
+        except IllegalTransition as exc:
+            raise Conflict(str(exc)) from None
         now = time.time()
         w.begin_retire(now, body.drain)
         self._retire_until = now + body.return_after_s if body.return_after_s else float("inf")

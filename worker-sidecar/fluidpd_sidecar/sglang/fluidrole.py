@@ -41,7 +41,7 @@ from fluidpd.api.internal import (
     RoleStatus,
 )
 from fluidpd.core.repair import drain_releases_reserved, release_asks
-from fluidpd.core.rolestate import RoleStateMachine
+from fluidpd.core.rolestate import IllegalTransition, RoleStateMachine
 from fluidpd.core.types import DrainMode, Role, RoleState
 from fluidpd_sidecar.errors import Conflict
 from fluidpd_sidecar.peers import PeerError
@@ -118,12 +118,11 @@ class RoleDriver:
     # -- FluidRole --------------------------------------------------------------------------
     def request(self, body: RoleRequest) -> RoleStatus:
         sm = self.sm
-        if sm.state is RoleState.ACTIVE and sm.role is body.role:
-            return self.status()  # already there: idempotent
-        if sm.state is not RoleState.ACTIVE:
-            if sm.target is body.role:
-                return self.status()  # the same switch is under way
-            raise Conflict(f"a switch to {sm.target.value if sm.target else '?'} is under way")
+        try:
+            if not sm.wants_switch(body.role):
+                return self.status()  # already there, or on its way: idempotent
+        except IllegalTransition as exc:
+            raise Conflict(str(exc)) from None
         if not self.engine_in_role():
             raise Conflict("SGLang is not serving yet; switch once it is ready")
         source = sm.role
@@ -139,10 +138,11 @@ class RoleDriver:
     def retire(self, body: RetireRequest) -> RoleStatus:
         """Scale-in: take no more halves, re-pair what has not started, finish the rest."""
         sm = self.sm
-        if sm.retiring:
-            return self.status()
-        if sm.state is not RoleState.ACTIVE:
-            raise Conflict(f"a switch to {sm.target.value if sm.target else '?'} is under way")
+        try:
+            if not sm.wants_retire():
+                return self.status()
+        except IllegalTransition as exc:
+            raise Conflict(str(exc)) from None
         sm.begin_retire(time.time())
         self._task = asyncio.ensure_future(self._repair_unstarted())
         return self.status()
