@@ -1,10 +1,11 @@
 """The command lines the project's launchers give its processes, as typed values.
 
 ``fluidpd up`` starts sidecars and a router as local processes; the operator writes the same
-command lines into pod specs. Both build a :class:`SidecarCommand` (and a :class:`ModelRef`
-for the router), so each flag is spelled once, here, next to the sidecar's own parser
-(``fluidpd/cli/sidecar_cmd.py``, which takes its choices from this module). A test parses
-``argv()`` with that parser, so the two cannot drift apart.
+command lines into pod specs. Both build a :class:`SidecarCommand` and a
+:class:`RouterCommand`, so each flag is spelled once, here, next to the processes' own parsers
+(``fluidpd/cli/sidecar_cmd.py``, which takes its choices from this module, and
+``fluidpd/cli/router_cmd.py``). Tests parse ``argv()`` with those parsers, so they cannot drift
+apart.
 
 This is an interface of the sidecar process, like its HTTP protocol beside it: the operator
 may import it (operator -> core and protocol), and it imports nothing of the CLI.
@@ -129,3 +130,32 @@ class SidecarCommand:
         if self.log_level is not None:
             args += ["--log-level", self.log_level]
         return [*args, *self.extra]
+
+
+@dataclass(frozen=True, slots=True)
+class RouterCommand:
+    """One ``fluidpd router`` command line; ``None`` leaves the router's default."""
+
+    host: str
+    port: int
+    model: ModelRef
+    pairing: str | None = None
+    first_token_timeout: float | None = None
+    log_level: str | None = None
+    #: Static workers, ``ID=URL`` each (a deployment without them discovers its pods).
+    workers: tuple[str, ...] = ()
+
+    def argv(self) -> list[str]:
+        """The arguments after ``fluidpd router``."""
+        args = ["--host", self.host, "--port", str(self.port), *self.model.argv()]
+        optional = (
+            ("--pairing", self.pairing),
+            ("--first-token-timeout", self.first_token_timeout),
+            ("--log-level", self.log_level),
+        )
+        for flag, value in optional:
+            if value is not None:
+                args += [flag, str(value)]
+        for w in self.workers:
+            args += ["--worker", w]
+        return args

@@ -23,6 +23,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fluidpd.api.sampling import FinishReason, SampledToken, SamplingParams
+from fluidpd.core.rolestate import RoleStateMachine
 from fluidpd.core.scheduler.worker import Pressure
 from fluidpd.core.types import DrainMode, Role, RoleState
 
@@ -196,6 +197,19 @@ class RoleStatus(_Model):
     since: float
     switches: int = 0
     retiring: bool = False
+
+    @classmethod
+    def of(cls, worker: str, sm: RoleStateMachine, switches: int) -> RoleStatus:
+        """A worker's answer from its role state machine (every engine's sidecar)."""
+        return cls(
+            worker=worker,
+            role=sm.role,
+            state=sm.state,
+            target=sm.target,
+            since=sm.since,
+            switches=switches,
+            retiring=sm.retiring,
+        )
 
 
 class PressureReport(_Model):

@@ -25,6 +25,7 @@ from fluidpd.api.commands import (
     TRANSFERS,
     GpuEngineArgs,
     ModelRef,
+    RouterCommand,
     SidecarCommand,
     SimEngineArgs,
 )
@@ -295,14 +296,12 @@ def run(args: argparse.Namespace) -> int:
             argv = ["sidecar", *sidecar.argv()]
             stack.start(wid, argv, env)
             workers.append(f"{wid}=http://{args.host}:{port}")
-        router = [
-            "router", "--host", args.host, "--port", str(args.port), *model.argv(),
-            "--pairing", args.pairing, "--first-token-timeout", str(args.first_token_timeout),
-            "--log-level", args.log_level,
-        ]  # fmt: skip
-        for w in workers:
-            router += ["--worker", w]
-        stack.start("router", router, env)
+        router = RouterCommand(
+            args.host, args.port, model, pairing=args.pairing,
+            first_token_timeout=args.first_token_timeout, log_level=args.log_level,
+            workers=tuple(workers),
+        )  # fmt: skip
+        stack.start("router", ["router", *router.argv()], env)
         endpoint = f"http://{args.host}:{args.port}"
         wait_s = args.ready_timeout
         if args.engine == "sglang":  # SGLang's start (minutes) has its own limit

@@ -21,6 +21,31 @@ class RoleStateMachine:
     #: Draining to be removed rather than to switch (scale-in).
     retiring: bool = False
 
+    def _busy(self) -> IllegalTransition:
+        return IllegalTransition(
+            f"a switch to {self.target.value if self.target else '?'} is under way"
+        )
+
+    def wants_switch(self, target: Role) -> bool:
+        """What a request to switch to ``target`` does (the ``/role`` call of every sidecar):
+        True starts a switch; False is a no-op (Active in ``target`` already, or that switch is
+        under way: the request is idempotent); another switch or a retirement under way is an
+        ``IllegalTransition``."""
+        if self.state is RoleState.ACTIVE:
+            return self.role is not target
+        if self.target is target:
+            return False
+        raise self._busy()
+
+    def wants_retire(self) -> bool:
+        """What a request to retire does: True starts it; False if it is under way already
+        (idempotent); a switch under way is an ``IllegalTransition``."""
+        if self.retiring:
+            return False
+        if self.state is not RoleState.ACTIVE:
+            raise self._busy()
+        return True
+
     def begin_drain(self, target: Role, now: float) -> None:
         """Active(role) -> Drain, heading for ``target``."""
         if self.state is not RoleState.ACTIVE:

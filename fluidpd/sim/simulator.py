@@ -34,6 +34,7 @@ from fluidpd.core.migration import plan_migration
 from fluidpd.core.pairing import LeastLoadedPairing, Pairing, RoundRobinPairing
 from fluidpd.core.policy_forecast import CapacityModel, DemandWindow
 from fluidpd.core.profile import Profile
+from fluidpd.core.repair import drain_releases_reserved, release_asks
 from fluidpd.core.scheduler.decode import DecodeBatch
 from fluidpd.core.scheduler.messages import (
     Finished,
@@ -410,18 +411,20 @@ class Simulator:
         self._interrupt(w)
         w.begin_switch(target, self.now, mode)
         self._drain_started[wid] = self.now
-        if w.role is Role.DECODE:
+        if drain_releases_reserved(w.role):
             # Reserved requests whose prefill has not started get a new pair, so the drain
-            # waits only for work that is really in flight.
-            for rid in list(w.decode.reserved):
-                req = self.requests[rid]
-                p = self.workers.get(req.prefill_worker)
-                if p is not None and p.prefill.cancel(rid) is not None:
+            # waits only for work that is really in flight (the peer's answer: its cancel).
+            for rid, p in release_asks(w.decode.reserved, self._prefill_worker_of):
+                if p.prefill.cancel(rid) is not None:
                     w.decode.cancel(rid)
+                    req = self.requests[rid]
                     req.reassigned += 1
                     self._dispatch(req)
         self._flush(w)
         self._after_change(w)
+
+    def _prefill_worker_of(self, rid: int) -> Worker | None:
+        return self.workers.get(self.requests[rid].prefill_worker)
 
     def _switch_done(self, wid: str) -> None:
         w = self.workers[wid]

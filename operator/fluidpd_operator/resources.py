@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fluidpd.api.commands import ModelRef, SidecarCommand
+from fluidpd.api.commands import ModelRef, RouterCommand, SidecarCommand
 from fluidpd.core.types import Role
 from fluidpd_operator.spec import DeploymentSpec
 
@@ -241,12 +241,7 @@ def router_deployment(owner: dict[str, Any], spec: DeploymentSpec, image: str) -
     name = owner["metadata"]["name"]
     match = {DEPLOYMENT_LABEL: name, COMPONENT_LABEL: "router"}
     port = spec.router.port
-    args = [
-        "--host", "$(POD_IP)",
-        "--port", str(port),
-        *_model(spec).argv(),
-        "--log-level", "info",
-    ]  # fmt: skip
+    args = RouterCommand("$(POD_IP)", port, _model(spec), log_level="info").argv()
     container: dict[str, Any] = {
         "name": "router",
         "image": spec.router.image or image,

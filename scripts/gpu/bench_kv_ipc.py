@@ -38,7 +38,9 @@ def _receiver(device: str, nbytes: int, q: Any, done: Any) -> None:
     # The check that the bytes arrived is the sender's: it reads them back through the handle.
 
 
-def _timed(fn: Any, repeats: int) -> list[float]:
+def cuda_timed(fn: Any, repeats: int) -> list[float]:
+    """Seconds of each of ``repeats`` calls of ``fn``, the device synchronised around each
+    (kv_ipc_live.py times its copies with it too)."""
     out = []
     for _ in range(repeats):
         torch.cuda.synchronize()
@@ -65,7 +67,7 @@ def bench_ipc(sizes: list[int], device: str, peer: str, repeats: int) -> dict[st
     src = torch.randint(0, 255, (top,), dtype=torch.uint8, device=device)
     rows = {}
     for n in sizes:
-        times = _timed(lambda n=n: remote[:n].copy_(src[:n], non_blocking=True), repeats)
+        times = cuda_timed(lambda n=n: remote[:n].copy_(src[:n], non_blocking=True), repeats)
         ok = bool(torch.equal(remote[:n].to(device), src[:n]))
         rows[n] = {**_stats(n, times), "bytes_equal": ok}
     remote = None  # closes the mapping (cudaIpcCloseMemHandle) before the receiver ends
@@ -98,9 +100,9 @@ def bench_shm(sizes: list[int], device: str, repeats: int) -> dict[str, Any]:
     dst = torch.empty(top, dtype=torch.uint8, device=device)
     rows = {}
     for n in sizes:
-        d2h = _timed(lambda n=n: ha[:n].copy_(src[:n]), repeats)
-        h2h = _timed(lambda n=n: np.copyto(b[:n], a[:n]), repeats)
-        h2d = _timed(lambda n=n: dst[:n].copy_(hb[:n]), repeats)
+        d2h = cuda_timed(lambda n=n: ha[:n].copy_(src[:n]), repeats)
+        h2h = cuda_timed(lambda n=n: np.copyto(b[:n], a[:n]), repeats)
+        h2d = cuda_timed(lambda n=n: dst[:n].copy_(hb[:n]), repeats)
         total = [x + y + z for x, y, z in zip(d2h, h2h, h2d, strict=True)]
         same = bool(torch.equal(dst[:n], src[:n]))
         rows[n] = {**_stats(n, total), "d2h": _stats(n, d2h), "host_copy": _stats(n, h2h),

@@ -32,6 +32,9 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_kv_ipc import cuda_timed
+
 from fluidpd_sidecar.gpu.runner import pin_host_memory
 from fluidpd_sidecar.transfer import KVDest
 from fluidpd_sidecar.transfer_cuda_ipc import CudaIpcTransfer
@@ -60,17 +63,6 @@ def _checksum(data: torch.Tensor) -> int:
     return int(data.view(torch.int64).sum().item())
 
 
-def _timed(fn: Any, repeats: int) -> list[float]:
-    out = []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        out.append(time.perf_counter() - t0)
-    return out
-
-
 def _receiver(kind: str, arena: int, slot: int, device: str, conn: Any) -> None:
     t = _make(kind, arena, device)
     dest = t.reserve(slot)
@@ -85,7 +77,7 @@ def _receiver(kind: str, arena: int, slot: int, device: str, conn: Any) -> None:
         if cmd == "check":
             conn.send(_checksum(data))
         elif cmd == "load":  # the engine's end: received slot -> GPU memory
-            conn.send(_timed(lambda data=data, n=n: sink[:n].copy_(data), repeats))
+            conn.send(cuda_timed(lambda data=data, n=n: sink[:n].copy_(data), repeats))
     t.close()
 
 
@@ -116,7 +108,7 @@ def bench(kind: str, sizes: list[int], device: str, repeats: int) -> dict[str, A
     rows["first_write_ms"] = round(first * 1e3, 3)
     rows["first_call_wall_ms"] = round((time.perf_counter() - t0) * 1e3, 3)
     for n in sizes:
-        stage = _timed(lambda n=n: slot[:n].copy_(kv[:n]), repeats)
+        stage = cuda_timed(lambda n=n: slot[:n].copy_(kv[:n]), repeats)
         writes = [t.write(region.addr, dest, n) for _ in range(repeats)]
 
         async def sends(n: int = n) -> list[float]:

@@ -30,47 +30,16 @@ from typing import Any
 
 import httpx
 
-from fluidpd.modeldir.synthetic import write_tokenizer
-from fluidpd_sidecar.gpu.config import resolve_shape
 from fluidpd_sidecar.sglang.server import SglangConfig, SglangServer, free_ports, server_command
 
-
-def make_model_dir(shape: str, out: Path) -> Path:
-    """``config.json`` of the shape (weights: ``--load-format dummy``) and a synthetic tokenizer
-    padded to the shape's vocabulary, so the directory is complete for FluidPD's sidecar too."""
-    cfg = resolve_shape(shape)
-    out.mkdir(parents=True, exist_ok=True)
-    hf = cfg.to_hf_config()
-    qwen = bool(getattr(cfg, "qk_norm", False))
-    hf["architectures"] = ["Qwen3ForCausalLM" if qwen else "LlamaForCausalLM"]
-    hf["model_type"] = "qwen3" if qwen else "llama"
-    hf["torch_dtype"] = "bfloat16"
-    (out / "config.json").write_text(json.dumps(hf, indent=1))
-    # Padding ids decode to text: with dummy weights greedy decoding picks them most of the time.
-    write_tokenizer(out, arch="llama", pad_to=int(hf["vocab_size"]), pad_special=False)
-    # The sidecar reads EOS ids from generation_config.json (as serving the real model would).
-    tok = json.loads((out / "tokenizer.json").read_text())
-    ids = {t["content"]: t["id"] for t in tok["added_tokens"]}
-    eos = [ids[t] for t in ("<|eot_id|>", "<|end_of_text|>") if t in ids]
-    (out / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
-    return out
-
-
-async def generate(client: httpx.AsyncClient, url: str, ids: list[int], new: int) -> dict[str, Any]:
-    body = {
-        "input_ids": ids,
-        "sampling_params": {"max_new_tokens": new, "temperature": 0.0, "ignore_eos": True},
-    }
-    t0 = time.perf_counter()
-    r = await client.post(f"{url}/generate", json=body)
-    r.raise_for_status()
-    out = r.json()
-    out["wall_s"] = time.perf_counter() - t0
-    return out
-
-
-def prompt(rng: random.Random, n: int, vocab: int) -> list[int]:
-    return [rng.randrange(10, vocab - 10) for _ in range(n)]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sglang_stack import (
+    add_stack_args,
+    generate,
+    model_dir,
+    vocab_size,
+)
+from sglang_stack import random_ids as prompt
 
 
 async def hook(client: httpx.AsyncClient, port: int) -> dict[str, Any]:
@@ -137,8 +106,8 @@ async def _mid_snapshot(client: httpx.AsyncClient, port: int, after: float) -> d
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    model = Path(args.model_dir) if args.model_dir else make_model_dir(args.shape, args.work)
-    vocab = json.loads((model / "config.json").read_text())["vocab_size"]
+    model = model_dir(args, args.work)
+    vocab = vocab_size(model)
     ports = free_ports(2 * args.workers)
     servers = [
         SglangServer(
@@ -211,12 +180,8 @@ def srv_cmd(srv: SglangServer) -> list[str]:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", required=True)
-    p.add_argument("--work", type=Path, default=Path("/tmp/sglang-model"))
-    p.add_argument("--python", default=sys.executable, help="SGLang's interpreter")
-    p.add_argument("--shape", default="llama-3.1-8b")
-    p.add_argument("--model-dir", default=None, help="a real model directory instead of a shape")
-    p.add_argument("--device", default="cuda")
+    add_stack_args(p, work="/tmp/sglang-model", start_timeout=420.0, python=sys.executable,
+                   device="cuda")  # fmt: skip
     p.add_argument("--workers", type=int, default=2)
     p.add_argument(
         "--mem-fraction",
@@ -227,7 +192,6 @@ def main() -> int:
     p.add_argument("--context-length", type=int, default=None)
     p.add_argument("--max-total-tokens", type=int, default=None)
     p.add_argument("--extra", default="", help="more SGLang server flags")
-    p.add_argument("--start-timeout", type=float, default=420.0)
     p.add_argument(
         "--prompt-lens", type=lambda s: [int(x) for x in s.split(",")], default=[1024, 4096]
     )

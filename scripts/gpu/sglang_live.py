@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import random
 import shutil
@@ -35,15 +34,19 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sglang_bench import make_model_dir
 from sglang_stack import (
     FLUIDPD,
     Stack,
     Worker,
+    add_stack_args,
     complete,
+    model_dir,
+    random_ids,
     sglang_info,
+    sidecar_args,
     start_minilb,
     term_as_interrupt,
+    vocab_size,
     wait_ready,
     write_json,
 )
@@ -112,8 +115,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
-    model = Path(args.model_dir) if args.model_dir else make_model_dir(args.shape, work / "model")
-    vocab = int(json.loads((model / "config.json").read_text())["vocab_size"])
+    model = model_dir(args, work / "model")
+    vocab = vocab_size(model)
     token = "live-bench"
     stack = Stack(work, token)
     ports = free_ports(6)
@@ -125,10 +128,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         for w in workers:
             pctv = args.mps_prefill if w.role == "prefill" else args.mps_decode
             w.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(pctv)
-    common = [
-        "--engine", "sglang", "--device", args.device, "--model-dir", str(model),
-        "--sglang-python", args.python, "--sglang-start-timeout", str(args.start_timeout),
-        "--sglang-max-total-tokens", str(args.kv_tokens),
+    common = sidecar_args(
+        args, model, "--sglang-max-total-tokens", str(args.kv_tokens),
         "--mem-fraction", str(args.mem), "--ttft-slo", str(args.ttft_slo),
         "--tpot-slo", str(args.tpot_slo), "--log-level", "warning",
         f"--sglang-arg=--context-length={args.context_limit}",
@@ -136,9 +137,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         f"--sglang-arg=--cuda-graph-max-bs-decode={args.graph_bs}",
         f"--sglang-arg=--max-running-requests={args.graph_bs}",
         *args.sidecar_arg,
-    ]  # fmt: skip
-    if not args.model_dir:
-        common += ["--sglang-load-format", "dummy"]
+    )  # fmt: skip
     rep: dict[str, Any] = {
         "command": " ".join(sys.argv), "mps": args.mps, "slice": args.slice, "rps": args.rps,
         "requests": args.requests, "slo": {"ttft_s": args.ttft_slo, "tpot_s": args.tpot_slo},
@@ -149,14 +148,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     try:
         for w in workers:
             stack.sidecar(w, common, [])
-        rp = ports[4]
-        router = [*FLUIDPD, "router", "--port", str(rp), "--model-dir", str(model),
-                  "--log-level", "warning",
-                  "--first-token-timeout", str(args.request_timeout)]  # fmt: skip
-        for w in workers:
-            router += ["--worker", f"{w.wid}={w.url}"]
-        stack.start("router", router)
-        fluid = f"http://127.0.0.1:{rp}"
+        fluid = stack.router(ports[4], model, workers, ["--log-level", "warning",
+                             "--first-token-timeout", str(args.request_timeout)])  # fmt: skip
         lim = httpx.Limits(max_connections=None, max_keepalive_connections=512)
         async with httpx.AsyncClient(timeout=httpx.Timeout(300, connect=10), limits=lim) as c:
             rep["ready_s"] = await wait_ready(
@@ -171,7 +164,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             rng = random.Random(5)
             for base in (static, fluid):  # warm-up: every P/D pair, first-use JIT
                 await asyncio.gather(*(
-                    complete(c, base, name, [rng.randrange(10, vocab - 10) for _ in range(256)], 8)
+                    complete(c, base, name, random_ids(rng, 256, vocab), 8)
                     for _ in range(8)
                 ))  # fmt: skip
             rep["runs"]["static"] = replay(args, static, "static", replay_out, token)
@@ -217,13 +210,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", required=True)
-    p.add_argument("--work", default="/tmp/sgl-live")
+    add_stack_args(p, work="/tmp/sgl-live", start_timeout=200.0)
     p.add_argument("--slice", required=True, help="Azure-format CSV (sglang_slice.py)")
-    p.add_argument("--python", default="python3", help="SGLang's interpreter (a path)")
-    p.add_argument("--shape", default="llama-3.1-8b")
-    p.add_argument("--model-dir", default=None, help="a real model directory (else dummy shape)")
-    p.add_argument("--device", default="cuda:0")
     p.add_argument("--mem", type=float, default=0.8)
     p.add_argument("--kv-tokens", type=int, default=65536, help="each worker's KV pool cap")
     p.add_argument("--graph-bs", type=int, default=64, help="decode graph and running cap")
@@ -239,7 +227,6 @@ def main() -> int:
     p.add_argument("--tpot-slo", type=float, default=0.05)
     p.add_argument("--request-timeout", type=float, default=30.0, help="no first token: failed")
     p.add_argument("--replay-timeout", type=float, default=90.0, help="one replay's limit, s")
-    p.add_argument("--start-timeout", type=float, default=200.0)
     p.add_argument("--sidecar-arg", action="append", default=[])
     p.add_argument("--controller-arg", action="append", default=[])
     args = p.parse_args()

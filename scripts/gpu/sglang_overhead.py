@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import sys
 import time
@@ -31,15 +30,19 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sglang_bench import make_model_dir
 from sglang_stack import (
-    FLUIDPD,
     Stack,
     Worker,
+    add_stack_args,
     complete,
+    model_dir,
     pct,
+    random_ids,
+    sidecar_args,
     start_minilb,
     term_as_interrupt,
+    timed_load,
+    vocab_size,
     wait_ready,
     write_json,
 )
@@ -52,16 +55,8 @@ async def one_run(
     conc: int, vocab: int,
 ) -> dict[str, Any]:  # fmt: skip
     n = max(conc, args.min_requests)
-    prompts = [[rng.randrange(10, vocab - 10) for _ in range(args.prompt)] for _ in range(n)]
-    sem = asyncio.Semaphore(conc)
-
-    async def one(ids: list[int]) -> dict[str, Any]:
-        async with sem:
-            return await complete(c, base, model, ids, args.new)
-
-    t0 = time.perf_counter()
-    res = await asyncio.gather(*(one(p) for p in prompts))
-    wall = time.perf_counter() - t0
+    prompts = [random_ids(rng, args.prompt, vocab) for _ in range(n)]
+    res, wall = await timed_load(c, base, model, prompts, args.new, conc)
     ok = [r for r in res if r["error"] is None and r["ttft_s"] is not None]
     ttft = [r["ttft_s"] for r in ok]
     tpot = [(r["wall_s"] - r["ttft_s"]) / (r["tokens"] - 1) for r in ok if r["tokens"] > 1]
@@ -131,19 +126,15 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    model = Path(args.model_dir) if args.model_dir else make_model_dir(args.shape, work / "model")
-    vocab = int(json.loads((model / "config.json").read_text())["vocab_size"])
+    model = model_dir(args, work / "model")
+    vocab = vocab_size(model)
     stack = Stack(work, "overhead-bench")
     pp, dp, rp, lp = free_ports(4)
     workers = [Worker("p0", "prefill", pp), Worker("d0", "decode", dp)]
-    common = [
-        "--engine", "sglang", "--device", args.device, "--model-dir", str(model),
-        "--sglang-python", args.python, "--sglang-start-timeout", str(args.start_timeout),
-        "--sglang-max-total-tokens", str(args.kv_tokens), "--no-fluidtoken",
+    common = sidecar_args(
+        args, model, "--sglang-max-total-tokens", str(args.kv_tokens), "--no-fluidtoken",
         "--log-level", "warning", *args.sidecar_arg,
-    ]  # fmt: skip
-    if not args.model_dir:
-        common += ["--sglang-load-format", "dummy"]
+    )  # fmt: skip
     if not args.no_mem_fraction:
         common += ["--mem-fraction", str(args.mem)]
     rep: dict[str, Any] = {"command": " ".join(sys.argv), "levels": {}}
@@ -151,28 +142,24 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     try:
         for w in workers:
             stack.sidecar(w, common, [])
-        router = [*FLUIDPD, "router", "--port", str(rp), "--model-dir", str(model),
-                  "--log-level", "warning", "--first-token-timeout", "300"]  # fmt: skip
-        for w in workers:
-            router += ["--worker", f"{w.wid}={w.url}"]
-        stack.start("router", router)
+        extra = ["--log-level", "warning", "--first-token-timeout", "300"]
+        fluid = stack.router(rp, model, workers, extra)
         lim = httpx.Limits(max_connections=None, max_keepalive_connections=512)
         # A request stuck for 2 minutes counts as lost (an error), not as a hang of the run.
         async with httpx.AsyncClient(timeout=httpx.Timeout(120, connect=10), limits=lim) as c:
             rep["ready_s"] = await wait_ready(
-                c, stack, [f"{w.url}/readyz" for w in workers] + [f"http://127.0.0.1:{rp}/healthz"],
+                c, stack, [f"{w.url}/readyz" for w in workers] + [f"{fluid}/healthz"],
                 args.start_timeout,
             )  # fmt: skip
             print(f"[overhead] stack ready after {rep['ready_s']:.0f} s", flush=True)
-            fluid = f"http://127.0.0.1:{rp}"
             name = (await c.get(f"{fluid}/v1/models")).json()["data"][0]["id"]
             plain = await start_minilb(c, stack, workers, lp, name)
             bases = {"fluidpd": fluid, "plain": plain}
             rng = random.Random(13)
             for path in ("plain", "fluidpd"):  # warm-up (first-use JIT, connections)
                 await asyncio.gather(*(
-                    complete(c, bases[path], name, [rng.randrange(10, vocab - 10)
-                             for _ in range(args.prompt)], 8) for _ in range(4)
+                    complete(c, bases[path], name, random_ids(rng, args.prompt, vocab), 8)
+                    for _ in range(4)
                 ))  # fmt: skip
             for level in args.levels:
                 runs: dict[str, list[dict[str, Any]]] = {"plain": [], "fluidpd": []}
@@ -208,17 +195,11 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", required=True)
-    p.add_argument("--work", default="/tmp/sgl-overhead")
-    p.add_argument("--python", default="python3", help="SGLang's interpreter (a path)")
-    p.add_argument("--shape", default="llama-3.1-8b")
-    p.add_argument("--model-dir", default=None, help="a real model directory (else dummy shape)")
-    p.add_argument("--device", default="cuda:0")
+    add_stack_args(p, work="/tmp/sgl-overhead", start_timeout=240.0)
     p.add_argument("--mem", type=float, default=0.8, help="--mem-fraction of each worker")
     p.add_argument("--no-mem-fraction", action="store_true", help="(CPU) pass none")
     p.add_argument("--kv-tokens", type=int, default=131072, help="each worker's KV pool cap")
     p.add_argument("--sidecar-arg", action="append", default=[])
-    p.add_argument("--start-timeout", type=float, default=240.0)
     p.add_argument("--prompt", type=int, default=1024)
     p.add_argument("--new", type=int, default=128)
     p.add_argument("--levels", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 32])

@@ -28,7 +28,6 @@ import asyncio
 import dataclasses
 import json
 import random
-import signal
 import sys
 import time
 from pathlib import Path
@@ -37,6 +36,17 @@ from typing import Any
 import httpx
 
 from fluidpd_sidecar.sglang.server import SglangConfig, SglangServer, free_ports
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sglang_stack import (
+    add_stack_args,
+    model_dir,
+    random_ids,
+    term_as_interrupt,
+    vocab_size,
+    write_json,
+)
+from sglang_stack import generate as sglang_generate
 
 BETAS = (0.0, 0.1, 0.5, 0.9, 1.0)
 
@@ -47,7 +57,7 @@ def prefix_len(beta: float, length: int) -> int:
 
 
 def write(out: Path, rep: dict[str, Any]) -> None:
-    (out / "sglang_split.json").write_text(json.dumps(rep, indent=1))
+    write_json(out / "sglang_split.json", rep)
 
 
 def config(args: argparse.Namespace, model: Path, out: Path, name: str, **kw: Any) -> SglangConfig:
@@ -74,17 +84,8 @@ def config(args: argparse.Namespace, model: Path, out: Path, name: str, **kw: An
 async def generate(
     c: httpx.AsyncClient, url: str, ids: list[int], new: int, extra: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "input_ids": ids,
-        "sampling_params": {"max_new_tokens": new, "temperature": 0.0, "ignore_eos": True},
-        "return_logprob": True,
-        "top_logprobs_num": 2,
-        **(extra or {}),
-    }
-    r = await c.post(f"{url}/generate", json=body)
-    if r.status_code != 200:
-        raise RuntimeError(f"{url}/generate: {r.status_code} {r.text[:300]}")
-    return dict(r.json())
+    """Greedy, ``ignore_eos``, with the top two log-probabilities (near ties)."""
+    return await sglang_generate(c, url, ids, new, extra, logprobs=True)
 
 
 def _ids(out: dict[str, Any]) -> list[int]:
@@ -133,17 +134,11 @@ async def run_split(
 async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    if args.model_dir:
-        model = Path(args.model_dir)
-    else:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from sglang_bench import make_model_dir  # noqa: PLC0415 - sibling script, GPU only
-
-        model = make_model_dir(args.shape, args.work)
-    vocab = int(json.loads((model / "config.json").read_text())["vocab_size"])
+    model = model_dir(args, args.work)
+    vocab = vocab_size(model)
     rng = random.Random(13)
     lengths = [int(x) for x in args.lengths.split(",")]
-    prompts = [[rng.randrange(10, vocab - 10) for _ in range(n)] for n in lengths]
+    prompts = [random_ids(rng, n, vocab) for n in lengths]
     rep: dict[str, Any] = {
         "command": " ".join(sys.argv),
         "betas": list(BETAS),
@@ -237,21 +232,12 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     return rep
 
 
-def _interrupt(signum: int, _frame: object) -> None:
+def main() -> int:
     # ``timeout`` sends SIGTERM: unwind through the ``finally`` blocks, which stop the SGLang
     # servers (they run in their own sessions and would outlive this process).
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
-def main() -> int:
-    signal.signal(signal.SIGTERM, _interrupt)
+    term_as_interrupt()
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    p.add_argument("--out", required=True)
-    p.add_argument("--work", type=Path, default=Path("/tmp/sglang-model"))
-    p.add_argument("--python", default="python3")
-    p.add_argument("--shape", default="llama-3.1-8b")
-    p.add_argument("--model-dir", default=None)
-    p.add_argument("--device", default="cuda:0")
+    add_stack_args(p, work="/tmp/sglang-model", start_timeout=300.0)
     p.add_argument("--mem-p", type=float, default=0.3)
     p.add_argument("--mem-d", type=float, default=0.6)
     p.add_argument("--mem-plain", type=float, default=0.8)
@@ -260,7 +246,6 @@ def main() -> int:
     p.add_argument("--sglang-arg", action="append", default=[])
     p.add_argument("--lengths", default="37,300,1000")
     p.add_argument("--new", type=int, default=32)
-    p.add_argument("--start-timeout", type=float, default=300.0)
     p.add_argument("--request-timeout", type=float, default=300.0)
     args = p.parse_args()
     rep = asyncio.run(main_async(args))

@@ -20,12 +20,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import random
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -35,7 +33,16 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sglang_bench import make_model_dir
+from sglang_stack import (
+    FLUIDPD,
+    add_stack_args,
+    model_dir,
+    random_ids,
+    spawn,
+    stop_procs,
+    vocab_size,
+    write_json,
+)
 
 from fluidpd_sidecar.sglang.server import free_ports
 
@@ -47,7 +54,7 @@ SWITCHES = (("w1", "decode"), ("w2", "prefill"), ("w2", "decode"), ("w1", "prefi
 
 
 def save(out: Path, rep: dict[str, Any]) -> None:
-    (out / "sglang_switch.json").write_text(json.dumps(rep, indent=1))
+    write_json(out / "sglang_switch.json", rep)
 
 
 Stack = tuple[subprocess.Popen[bytes], str, dict[str, str]]
@@ -58,7 +65,7 @@ def start_up(args: argparse.Namespace, model: Path, out: Path) -> Stack:
     base = min(base, 60000)
     run = out / "run"
     cmd = [
-        sys.executable, "-m", "fluidpd.cli.main", "up", "--engine", "sglang", "--pd", "2P1D",
+        *FLUIDPD, "up", "--engine", "sglang", "--pd", "2P1D",
         "--policy", "static", "--device", args.device, "--model-dir", str(model),
         "--sglang-python", args.python, "--sglang-start-timeout", str(args.start_timeout),
         "--sglang-max-total-tokens", str(args.kv_tokens), "--port", str(port),
@@ -69,22 +76,9 @@ def start_up(args: argparse.Namespace, model: Path, out: Path) -> Stack:
         cmd += ["--sglang-load-format", "dummy"]
     run.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "FLUIDPD_LOG_DIR": str(run)}
-    proc = subprocess.Popen(
-        cmd, env=env, stdout=(out / "up.out").open("wb"), stderr=subprocess.STDOUT,
-        start_new_session=True, cwd=run,
-    )  # fmt: skip
+    proc = spawn(cmd, env, out / "up.out", cwd=run)
     workers = {f"w{i}": f"http://127.0.0.1:{base + i}" for i in range(3)}
     return proc, f"http://127.0.0.1:{port}", workers
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
 
 
 async def complete(c: httpx.AsyncClient, router: str, ids: list[int], new: int) -> dict[str, Any]:
@@ -144,11 +138,10 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rep: dict[str, Any] = {"command": " ".join(sys.argv), "phase": "start"}
-    model = Path(args.model_dir) if args.model_dir else make_model_dir(args.shape, args.work)
-    vocab = json.loads((model / "config.json").read_text())["vocab_size"]
+    model = model_dir(args, args.work)
+    vocab = vocab_size(model)
     rng = random.Random(13)
-    prompts = [[rng.randrange(10, vocab - 10) for _ in range(args.prompt + 37 * k)]
-               for k in range(args.n_prompts)]  # fmt: skip
+    prompts = [random_ids(rng, args.prompt + 37 * k, vocab) for k in range(args.n_prompts)]
     proc, router, workers = start_up(args, model, out)
     save(out, rep)
     try:
@@ -242,21 +235,15 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         rep["error"] = repr(exc)
     finally:
         save(out, rep)
-        stop(proc)
+        stop_procs([proc], wait_s=60.0)
     return rep
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", required=True)
-    p.add_argument("--work", type=Path, default=Path("/tmp/sglang-model"))
-    p.add_argument("--python", default="python3")
-    p.add_argument("--shape", default="llama-3.1-8b")
-    p.add_argument("--model-dir", default=None)
-    p.add_argument("--device", default="cuda:0")
+    add_stack_args(p, work="/tmp/sglang-model", start_timeout=300.0)
     p.add_argument("--kv-tokens", type=int, default=100_000, help="KV pool cap per server")
     p.add_argument("--up-arg", action="append", default=[], help="one more fluidpd up flag")
-    p.add_argument("--start-timeout", type=float, default=300.0)
     p.add_argument("--prompt", type=int, default=512)
     p.add_argument("--n-prompts", type=int, default=8)
     p.add_argument("--new", type=int, default=128)

@@ -103,3 +103,24 @@ def test_only_a_retirement_can_be_cancelled() -> None:
     sm.begin_drain(Role.DECODE, 1.0)
     with pytest.raises(IllegalTransition):
         sm.cancel_retire(2.0)
+
+
+def test_a_role_request_starts_a_switch_only_when_it_is_new() -> None:
+    sm = RoleStateMachine(Role.PREFILL)
+    assert not sm.wants_switch(Role.PREFILL)  # Active there already
+    assert sm.wants_switch(Role.DECODE)
+    sm.begin_drain(Role.DECODE, 1.0)
+    assert not sm.wants_switch(Role.DECODE)  # the same switch is under way
+    with pytest.raises(IllegalTransition, match="a switch to decode is under way"):
+        sm.wants_switch(Role.PREFILL)
+    with pytest.raises(IllegalTransition, match="a switch to decode is under way"):
+        sm.wants_retire()
+
+
+def test_a_retire_request_starts_a_retirement_only_once() -> None:
+    sm = RoleStateMachine(Role.DECODE)
+    assert sm.wants_retire()
+    sm.begin_retire(1.0)
+    assert not sm.wants_retire()  # under way: idempotent
+    with pytest.raises(IllegalTransition, match=r"a switch to \? is under way"):
+        sm.wants_switch(Role.PREFILL)  # what the sidecars have always answered (409)

@@ -842,3 +842,17 @@ def test_forced_steal_pins_the_split(beta: float, prefix: int) -> None:
     bus.drain_decode(d, 0.0)
     assert 0 in bus.first and 0 in bus.finished
     assert_decode_empty(d)
+
+
+def test_budget_peers_are_the_queued_requests_decode_workers_once_two_wait() -> None:
+    p = make("p0", Role.PREFILL)
+    assert p.prefill.budget_peers() == set()
+    for rid, d in ((1, "d0"), (2, "d1"), (3, "d0")):
+        r = Request(rid, 0.0, 100, 10)
+        r.decode_worker = d
+        p.prefill.add(r)
+        assert p.prefill.budget_peers() == set()  # not reserved: nothing waits yet
+    p.prefill.reserved(1, 0.0)
+    assert p.prefill.budget_peers() == set()  # one waiting: nothing to reorder or steal for
+    p.prefill.reserved(2, 0.0)
+    assert p.prefill.budget_peers() == {"d0", "d1"}

@@ -6,7 +6,8 @@ from __future__ import annotations
 import dataclasses
 import typing
 
-from fluidpd.api.internal import PressureReport
+from fluidpd.api.internal import PressureReport, RoleStatus
+from fluidpd.core.rolestate import RoleStateMachine
 from fluidpd.core.scheduler.worker import Pressure
 from fluidpd.core.types import Role, RoleState
 
@@ -32,3 +33,15 @@ def test_pressure_report_of_keeps_values_and_adds_the_sidecars() -> None:
     assert (r.switches, r.t, r.stolen_tokens) == (2, 5.0, 0)
     again = PressureReport.model_validate_json(r.model_dump_json())
     assert again == r
+
+
+def test_role_status_of_reads_the_role_state_machine() -> None:
+    """Every engine's sidecar answers ``/role`` from its role state machine the same way."""
+    sm = RoleStateMachine(Role.DECODE, since=1.0)
+    sm.begin_drain(Role.PREFILL, 2.0)
+    s = RoleStatus.of("w1", sm, switches=3)
+    assert s == RoleStatus(worker="w1", role=Role.DECODE, state=RoleState.DRAIN,
+                           target=Role.PREFILL, since=2.0, switches=3, retiring=False)  # fmt: skip
+    retiring = RoleStateMachine(Role.PREFILL)
+    retiring.begin_retire(4.0)
+    assert RoleStatus.of("w2", retiring, switches=0).retiring

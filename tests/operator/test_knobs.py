@@ -1,5 +1,6 @@
-"""One typed source for the FluidRole knobs and the sidecar command line, checked against the
-three places that must agree with it: the CRD's schema, the CLI parsers and the core."""
+"""One typed source for the FluidRole knobs and the sidecar and router command lines, checked
+against the three places that must agree with it: the CRD's schema, the CLI parsers and the
+core."""
 
 from __future__ import annotations
 
@@ -12,9 +13,15 @@ from typing import Any
 import pytest
 import yaml
 
-from fluidpd.api.commands import GpuEngineArgs, ModelRef, SidecarCommand, SimEngineArgs
+from fluidpd.api.commands import (
+    GpuEngineArgs,
+    ModelRef,
+    RouterCommand,
+    SidecarCommand,
+    SimEngineArgs,
+)
 from fluidpd.api.knobs import FLUIDROLE_KNOBS
-from fluidpd.cli import controller_cmd, sidecar_cmd
+from fluidpd.cli import controller_cmd, router_cmd, sidecar_cmd
 from fluidpd.cli.policy_options import fluidrole_argv, fluidrole_config
 from fluidpd.core.fluidrole import FluidRoleConfig
 from fluidpd.core.types import Role
@@ -181,3 +188,27 @@ def test_operator_worker_command_parses_with_the_sidecar_parser() -> None:
     assert (a.id, a.role, a.port, a.url) == ("x-0", "prefill", 8200, "http://10.1.2.3:8200")
     assert (a.model, a.gpu, a.ttft_slo, a.eta) == ("llama-3.1-8b", "h200", 3.0, 1.5)
     assert (a.kv_transfer, a.log_level) == ("sim", "info")
+
+
+def test_router_command_parses_back_to_its_fields() -> None:
+    cmd = RouterCommand("0.0.0.0", 8100, ModelRef("m1", "h200", model_dir="/models/m1"),
+                        pairing="least-loaded", first_token_timeout=30.0, log_level="debug",
+                        workers=("p0=http://h:1", "d0=http://h:2"))  # fmt: skip
+    a = _parser(router_cmd.add_parser).parse_args(["router", *cmd.argv()])
+    assert (a.host, a.port, a.model, a.gpu, a.model_dir) == ("0.0.0.0", 8100, "m1", "h200",
+                                                             "/models/m1")  # fmt: skip
+    assert (a.pairing, a.first_token_timeout, a.log_level) == ("least-loaded", 30.0, "debug")
+    assert a.worker == ["p0=http://h:1", "d0=http://h:2"]
+    bare = RouterCommand("h", 1, ModelRef(profile="/p.yaml")).argv()
+    assert bare == ["--host", "h", "--port", "1", "--profile", "/p.yaml"]
+
+
+def test_operator_router_command_parses_with_the_router_parser() -> None:
+    spec = DeploymentSpec.model_validate({"model": {"name": "llama-3.1-8b", "gpu": "h200"}})
+    dep = res.router_deployment({"metadata": {"name": "x", "uid": "u"}}, spec, "i")
+    args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    args = [arg.replace("$(POD_IP)", "10.1.2.3") for arg in args]
+    a = _parser(router_cmd.add_parser).parse_args(["router", *args])
+    assert (a.host, a.port, a.model, a.gpu, a.log_level) == (
+        "10.1.2.3", spec.router.port, "llama-3.1-8b", "h200", "info"
+    )  # fmt: skip

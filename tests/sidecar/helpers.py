@@ -3,7 +3,12 @@ subprocess): the scheduler loop runs on the test's event loop, so races can be s
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+import orjson
 
 from fluidpd.api.internal import DecodeHalf
 from fluidpd.api.sampling import SamplingParams
@@ -51,3 +56,18 @@ def decode_half(rid: int, max_new_tokens: int, prompt_len: int = 32) -> DecodeHa
         prefill_worker="p0",
         prefill_url="http://p0.invalid",
     )
+
+
+async def until(cond: Callable[[], bool], what: str, polls: int = 1000) -> None:
+    """Wait (at most ``polls`` turns of 10 ms) for ``cond``; ``what`` did not happen if not."""
+    for _ in range(polls):
+        if cond():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(what)
+
+
+async def events_of(svc: SidecarService, rid: int) -> list[dict[str, Any]]:
+    """A decode half's whole event stream, as the router reads it."""
+    half = svc.subscribe(svc.decode_half(rid))
+    return [orjson.loads(line) async for line in svc.events(half)]

@@ -9,18 +9,12 @@ import asyncio
 import logging
 from pathlib import Path
 
-import orjson
 import pytest
 
 from fluidpd.api.internal import Abort, Adopt
 from fluidpd.core.types import Role
 from fluidpd_sidecar.service import NotFound, SidecarService
-from tests.sidecar.helpers import decode_half, sim_service
-
-
-async def _drain(svc: SidecarService, rid: int) -> list[dict[str, object]]:
-    half = svc.subscribe(svc.decode_half(rid))
-    return [orjson.loads(line) async for line in svc.events(half)]
+from tests.sidecar.helpers import decode_half, events_of, sim_service
 
 
 async def _finished(svc: SidecarService, rid: int) -> None:
@@ -54,13 +48,13 @@ def test_migrated_request_finished_before_the_router_reattached(tmp_path: Path) 
             before = _adopt(svc, 41, generated=5, max_new=8)
             svc.activate(41)
             await _finished(svc, 41)  # the target is faster than the router's GET
-            events = await _drain(svc, 41)
+            events = await events_of(svc, 41)
         finally:
             await svc.stop()
         tokens = [e for e in events if e["event"] == "token"]
         assert events[-1]["event"] == "done" and events[-1]["n"] == 8
         # The stream continues where the source left it: the 3 remaining tokens, in order.
-        ids = [i for e in tokens for i in e["ids"]]  # type: ignore[union-attr]
+        ids = [i for e in tokens for i in e["ids"]]
         svc_engine_ids = _expected_ids(tmp_path, 41, 8)
         assert before + ids == svc_engine_ids
         assert [e["n"] for e in tokens][-1] == 8
@@ -83,7 +77,7 @@ def test_unclaimed_migrated_request_is_claimed_once(tmp_path: Path) -> None:
             _adopt(svc, 42, generated=2, max_new=4)
             svc.activate(42)
             await _finished(svc, 42)
-            await _drain(svc, 42)
+            await events_of(svc, 42)
             # Once read to its end, the request is gone: a second reader gets 404, not a hang.
             with pytest.raises(NotFound):
                 svc.decode_half(42)
@@ -122,7 +116,7 @@ def test_abort_of_an_unclaimed_migrated_request(tmp_path: Path) -> None:
             _adopt(svc, 44, generated=2, max_new=4000)
             svc.activate(44)
             assert svc.abort(Abort(rid=44, reason="client went away"))
-            events = await _drain(svc, 44)
+            events = await events_of(svc, 44)
             assert events[-1]["event"] == "cancelled"
             assert 44 not in svc.worker.decode.active
         finally:

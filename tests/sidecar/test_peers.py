@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 from pydantic import BaseModel
 
-from fluidpd_sidecar.peers import PeerError, Peers
+from fluidpd_sidecar.peers import PeerError, Peers, refresh_budgets
 
 
 class _Body(BaseModel):
@@ -62,3 +62,17 @@ def test_peer_calls_and_their_failures() -> None:
     assert [(p, a) for p, a, _ in seen][:2] == [
         ("/v1/internal/adopt", "Bearer tok"), ("/pressure", "Bearer tok"),
     ]  # fmt: skip
+
+
+def test_budgets_are_read_from_the_wanted_peers_and_zero_when_one_is_gone() -> None:
+    class _Stub(Peers):
+        async def get(self, url: str, path: str) -> dict[str, Any]:
+            if "gone" in url:
+                raise PeerError(f"{url}{path}: refused")
+            return {"budget": 12.5 if url == "http://d0" else 3.0}
+
+    budgets = {"d1": 7.0, "d3": 1.0}
+    urls = {"d0": "http://d0", "d1": "http://gone", "d3": "http://d3"}
+    asyncio.run(refresh_budgets(_Stub(None), ["d0", "d1", "d2"], urls, budgets))
+    # d2's URL is not known: left alone; d3 not wanted: not read.
+    assert budgets == {"d0": 12.5, "d1": 0.0, "d3": 1.0}

@@ -20,9 +20,6 @@ from fluidpd.api.internal import (
     PrefillOutcome,
     Released,
     Reserved,
-    RetireRequest,
-    RoleRequest,
-    RoleStatus,
     SuffixCommit,
 )
 from fluidpd.core.types import RoleState
@@ -65,8 +62,6 @@ def create_app(service: SidecarService) -> FastAPI:
     app, Admin, body = worker_app(
         service, f"FluidPD worker sidecar {service.cfg.worker_id}", ready, bounds(service.cfg)
     )
-    role_body, role_doc = body(RoleRequest)
-    retire_body, retire_doc = body(RetireRequest)
     prefill_body, prefill_doc = body(PrefillHalf)
     decode_body, decode_doc = body(DecodeHalf)
     abort_body, abort_doc = body(Abort)
@@ -74,23 +69,6 @@ def create_app(service: SidecarService) -> FastAPI:
     suffix_body, suffix_doc = body(SuffixCommit)
     handoff_body, handoff_doc = body(Handoff)
     adopt_body, adopt_doc = body(Adopt)
-    switching = detail(s409="a switch or a retirement is under way")
-
-    # -- roles ----------------------------------------------------------------------------------
-    @app.post("/role", dependencies=[Admin], openapi_extra=role_doc,
-              responses={**UNAUTHORIZED, **INVALID, **switching})  # fmt: skip
-    async def post_role(req: Annotated[RoleRequest, role_body]) -> RoleStatus:
-        return service.request_role(req)
-
-    @app.post("/retire", dependencies=[Admin], openapi_extra=retire_doc,
-              responses={**UNAUTHORIZED, **INVALID, **switching})  # fmt: skip
-    async def post_retire(req: Annotated[RetireRequest, retire_body]) -> RoleStatus:
-        return service.retire(req)
-
-    @app.delete("/retire", dependencies=[Admin], responses=UNAUTHORIZED)
-    async def delete_retire() -> RoleStatus:
-        """Calls off a retirement: the worker returns to service in its role (idempotent)."""
-        return service.cancel_retire()
 
     # -- request halves (called by the router) --------------------------------------------------
     @app.post("/v1/internal/prefill", dependencies=[Admin], openapi_extra=prefill_doc,

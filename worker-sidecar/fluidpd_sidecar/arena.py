@@ -5,6 +5,7 @@ is made and how bytes reach the peer's."""
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import threading
 from typing import Any
@@ -109,6 +110,16 @@ class ArenaSlots:
         self._give_back(dest.addr)
 
     # -- sender side ---------------------------------------------------------------------
+    def write(self, src_addr: int, dest: KVDest, nbytes: int) -> float:
+        """The blocking copy of ``nbytes`` at ``src_addr`` into the peer's ``dest``; seconds."""
+        raise NotImplementedError
+
+    async def send(self, src_addr: int | None, dest: KVDest | None, nbytes: int) -> float:
+        """``write`` on a worker thread (nothing to move: 0 s)."""
+        if src_addr is None or dest is None or nbytes == 0:
+            return 0.0
+        return await asyncio.to_thread(self.write, src_addr, dest, nbytes)
+
     def source_buffer(self, nbytes: int) -> KVRegion | None:
         """A staging region for outgoing bytes, or None while the arena is full."""
         off = self._take(nbytes)

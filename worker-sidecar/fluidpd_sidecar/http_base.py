@@ -29,7 +29,7 @@ from fluidpd.api.http import (
     first_error,
     parse_json,
 )
-from fluidpd.api.internal import PressureReport, RoleStatus
+from fluidpd.api.internal import PressureReport, RetireRequest, RoleRequest, RoleStatus
 from fluidpd_sidecar.errors import BadRequest, Conflict, NotFound
 
 M = TypeVar("M", bound=BaseModel)
@@ -78,6 +78,9 @@ class WorkerService(Protocol):
     async def stop(self) -> None: ...
     def pressure(self, n_prefill: int | None = None) -> PressureReport: ...
     def role_status(self) -> RoleStatus: ...
+    def request_role(self, body: RoleRequest) -> RoleStatus: ...
+    def retire(self, body: RetireRequest) -> RoleStatus: ...
+    def cancel_retire(self) -> RoleStatus: ...
 
 
 class Bodies:
@@ -176,8 +179,31 @@ def worker_app(
     async def metrics() -> Response:
         return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    admin = bearer_gate(service.cfg.admin_token)
+    bodies = Bodies(app, patch)
+    role_body, role_doc = bodies(RoleRequest)
+    retire_body, retire_doc = bodies(RetireRequest)
+    switching = detail(s409="a switch or a retirement is under way")
+    # (Bodies as defaults, not ``Annotated[..., role_body]``: this module's annotations are
+    # strings, and FastAPI resolves them in the module, where these locals are not.)
+
     @app.get("/role")
     async def get_role() -> RoleStatus:
         return service.role_status()
 
-    return app, bearer_gate(service.cfg.admin_token), Bodies(app, patch)
+    @app.post("/role", dependencies=[admin], openapi_extra=role_doc,
+              responses={**UNAUTHORIZED, **INVALID, **switching})  # fmt: skip
+    async def post_role(req: RoleRequest = role_body) -> RoleStatus:
+        return service.request_role(req)
+
+    @app.post("/retire", dependencies=[admin], openapi_extra=retire_doc,
+              responses={**UNAUTHORIZED, **INVALID, **switching})  # fmt: skip
+    async def post_retire(req: RetireRequest = retire_body) -> RoleStatus:
+        return service.retire(req)
+
+    @app.delete("/retire", dependencies=[admin], responses=UNAUTHORIZED)
+    async def delete_retire() -> RoleStatus:
+        """Calls off a retirement: the worker returns to service in its role (idempotent)."""
+        return service.cancel_retire()
+
+    return app, admin, bodies

@@ -7,6 +7,7 @@ operator, drills, replay: see ``fluidpd/replay/client.py`` for why it beat httpx
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import aiohttp
@@ -66,3 +67,19 @@ class Peers:
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
+
+
+async def refresh_budgets(
+    peers: Peers, wanted: Iterable[str], urls: Mapping[str, str], budgets: dict[str, float]
+) -> None:
+    """Reads the stealing budget of each ``wanted`` decode worker whose URL is known into
+    ``budgets``; one that does not answer has none (0) until it does."""
+    for d in wanted:
+        url = urls.get(d)
+        if url is None:
+            continue
+        try:
+            answer = await peers.get(url, "/v1/internal/budget")
+            budgets[d] = float(answer.get("budget", 0.0))
+        except PeerError:
+            budgets[d] = 0.0

@@ -8,6 +8,8 @@ import logging
 import time
 
 from fluidpd.api.internal import Abort, DecodeEvent, RetireRequest, RoleRequest, RoleStatus
+from fluidpd.core.repair import drain_releases_reserved, release_asks
+from fluidpd.core.rolestate import IllegalTransition
 from fluidpd.core.types import Role, RoleState
 from fluidpd_sidecar.errors import Conflict
 from fluidpd_sidecar.migration import Migration
@@ -20,32 +22,21 @@ class Roles(Migration):
     """Role switches and retirement."""
 
     def role_status(self) -> RoleStatus:
-        sm = self.worker.role_sm
-        return RoleStatus(
-            worker=self.cfg.worker_id,
-            role=sm.role,
-            state=sm.state,
-            target=sm.target,
-            since=sm.since,
-            switches=self.switches,
-            retiring=sm.retiring,
-        )
+        return RoleStatus.of(self.cfg.worker_id, self.worker.role_sm, self.switches)
 
     def request_role(self, body: RoleRequest) -> RoleStatus:
         w = self.worker
-        sm = w.role_sm
-        if sm.state is RoleState.ACTIVE and sm.role is body.role:
-            return self.role_status()  # already there: idempotent
-        if sm.state is not RoleState.ACTIVE:
-            if sm.target is body.role:
-                return self.role_status()  # the same switch is under way
-            raise Conflict(f"a switch to {sm.target.value if sm.target else '?'} is under way")
+        try:
+            if not w.role_sm.wants_switch(body.role):
+                return self.role_status()  # already there, or on its way: idempotent
+        except IllegalTransition as exc:
+            raise Conflict(str(exc)) from None
         source = w.role
         w.begin_switch(body.role, time.time(), body.drain)
         self._migrate_to = [u for u in body.migrate_to if u.rstrip("/") != self.cfg.url.rstrip("/")]
         self._drain_started = time.time()
         self._dispatch()
-        if source is Role.DECODE:
+        if drain_releases_reserved(source):
             self._spawn(self._release_reserved())
         log.info("switch %s -> %s started (drain %s)", source.value, body.role.value, body.drain)
         self.wake()
@@ -54,18 +45,17 @@ class Roles(Migration):
     def retire(self, body: RetireRequest) -> RoleStatus:
         """Scale-in: stop taking work and empty the worker; idempotent."""
         w = self.worker
-        if w.retiring:
-            return self.role_status()
-        if w.state is not RoleState.ACTIVE:
-            raise Conflict(
-                f"a switch to {w.role_sm.target.value if w.role_sm.target else '?'} is under way"
-            )
+        try:
+            if not w.role_sm.wants_retire():
+                return self.role_status()
+        except IllegalTransition as exc:
+            raise Conflict(str(exc)) from None
         now = time.time()
         w.begin_retire(now, body.drain)
         self._retire_until = now + body.return_after_s if body.return_after_s else float("inf")
         self._migrate_to = [u for u in body.migrate_to if u.rstrip("/") != self.cfg.url.rstrip("/")]
         self._dispatch()
-        if w.role is Role.DECODE:
+        if drain_releases_reserved(w.role):
             self._spawn(self._release_reserved())
         log.info("retiring (drain %s)", body.drain.value)
         self.wake()
@@ -89,16 +79,17 @@ class Roles(Migration):
         if self.worker.retiring and now >= self._retire_until:
             self.cancel_retire("not completed in time (the worker was not removed)")
 
+    def _prefill_url_of(self, rid: int) -> str | None:
+        half = self.decode_halves.get(rid)
+        return None if half is None else half.prefill_url
+
     async def _release_reserved(self) -> None:
         """D->P: requests holding a reservation here whose prefill has not started are re-paired,
-        so the drain waits only for work in flight."""
-        for rid in list(self.worker.decode.reserved):
-            half = self.decode_halves.get(rid)
-            if half is None:
-                continue
+        so the drain waits only for work in flight (``fluidpd.core.repair``)."""
+        for rid, prefill_url in release_asks(self.worker.decode.reserved, self._prefill_url_of):
             try:
                 answer = await self.peers.post(
-                    half.prefill_url, "/v1/internal/release", Abort(rid=rid, reason="re-pair")
+                    prefill_url, "/v1/internal/release", Abort(rid=rid, reason="re-pair")
                 )
             except PeerError:
                 continue

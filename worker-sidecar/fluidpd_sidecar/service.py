@@ -34,7 +34,7 @@ from fluidpd_sidecar.engine import Engine
 from fluidpd_sidecar.errors import BadRequest, Conflict, NotFound
 from fluidpd_sidecar.halves import check_half
 from fluidpd_sidecar.metrics import SidecarMetrics
-from fluidpd_sidecar.peers import PeerError
+from fluidpd_sidecar.peers import refresh_budgets
 from fluidpd_sidecar.roles import Roles
 from fluidpd_sidecar.transfer import KVTransfer
 
@@ -135,18 +135,8 @@ class SidecarService(Roles):
             w = self.worker
             if w.role is not Role.PREFILL or not self.cfg.token_cfg.enabled:
                 continue
-            if len(w.prefill.waiting) < 2:
-                continue
-            peers = {r.decode_worker for r in w.prefill.waiting}
-            for d in peers:
-                url = self._decode_urls.get(d)
-                if url is None:
-                    continue
-                try:
-                    answer = await self.peers.get(url, "/v1/internal/budget")
-                    self.budgets[d] = float(answer.get("budget", 0.0))
-                except PeerError:
-                    self.budgets[d] = 0.0
+            wanted = w.prefill.budget_peers()
+            await refresh_budgets(self.peers, wanted, self._decode_urls, self.budgets)
 
     def pressure(self, n_prefill: int | None = None) -> PressureReport:
         if n_prefill:

@@ -28,7 +28,6 @@ Needs torch with CUDA and a CUDA ``--device``: ``cuda_device`` refuses anything 
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
 import logging
@@ -163,11 +162,6 @@ class CudaIpcTransfer(ArenaSlots):
         return DeviceView(self._dev_arena[off : off + nbytes])
 
     # -- sender side ----------------------------------------------------------------------------
-    async def send(self, src_addr: int | None, dest: KVDest | None, nbytes: int) -> float:
-        if src_addr is None or dest is None or nbytes == 0:
-            return 0.0
-        return await asyncio.to_thread(self.write, src_addr, dest, nbytes)
-
     def write(self, src_addr: int, dest: KVDest, nbytes: int) -> float:
         """The blocking copy into the peer's slot, finished on the GPU when it returns."""
         if nbytes > dest.nbytes:

@@ -14,7 +14,6 @@ turns the receiver's address back into an offset of the mapped file.
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import contextlib
 import mmap
@@ -76,11 +75,6 @@ class ShmTransfer(ArenaSlots):
         # calls it on shutdown) or at interpreter exit; a SIGKILLed process leaves it behind
         # until the next sidecar on the host sweeps it.
         atexit.register(self.close)
-
-    async def send(self, src_addr: int | None, dest: KVDest | None, nbytes: int) -> float:
-        if src_addr is None or dest is None or nbytes == 0:
-            return 0.0
-        return await asyncio.to_thread(self.write, src_addr, dest, nbytes)
 
     def write(self, src_addr: int, dest: KVDest, nbytes: int) -> float:
         """The blocking copy (numpy releases the GIL for it); seconds taken."""

@@ -307,3 +307,11 @@ class PrefillSide:
     @property
     def queue_len(self) -> int:
         return len(self.bootstrap) + len(self.waiting)
+
+    def budget_peers(self) -> set[str]:
+        """The decode workers whose stealing budgets (eq. 17) this queue's next plans read, so a
+        harness keeps them fresh: those of the queued requests while at least two wait (with
+        fewer there is nothing to reorder or steal for)."""
+        if len(self.waiting) < 2:
+            return set()
+        return {r.decode_worker for r in self.waiting}

@@ -19,13 +19,13 @@ def rfc3339(t: float | None = None) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _meta(obj: dict[str, Any]) -> dict[str, Any]:
-    meta: dict[str, Any] = obj["metadata"]
-    return meta
+def meta(obj: dict[str, Any]) -> dict[str, Any]:
+    m: dict[str, Any] = obj["metadata"]
+    return m
 
 
 def pod_role(pod: dict[str, Any]) -> Role | None:
-    value = _meta(pod).get("labels", {}).get(res.ROLE_LABEL)
+    value = meta(pod).get("labels", {}).get(res.ROLE_LABEL)
     return Role(value) if value in (Role.PREFILL.value, Role.DECODE.value) else None
 
 
@@ -51,7 +51,7 @@ def why_not_ready(pod: dict[str, Any]) -> str:
 
 
 def annotation(pod: dict[str, Any], key: str) -> str | None:
-    value = _meta(pod).get("annotations", {}).get(key)
+    value = meta(pod).get("annotations", {}).get(key)
     return str(value) if value is not None else None
 
 
@@ -107,7 +107,7 @@ class PodView:
 
     @property
     def live(self) -> list[dict[str, Any]]:
-        return [p for p in self.pods if not _meta(p).get("deletionTimestamp")]
+        return [p for p in self.pods if not meta(p).get("deletionTimestamp")]
 
     @property
     def retiring(self) -> list[dict[str, Any]]:

@@ -11,7 +11,7 @@ import aiohttp
 import orjson
 
 from fluidpd_operator import resources as res
-from fluidpd_operator.deployment.pods import _meta, pod_ready, pod_role
+from fluidpd_operator.deployment.pods import meta, pod_ready, pod_role
 from fluidpd_operator.deployment.state import DeploymentState
 
 log = logging.getLogger("fluidpd.operator")
@@ -27,7 +27,7 @@ class RouterSync(DeploymentState):
         })  # fmt: skip
         routers = await self.kube.list_pods(self.namespace, selector)
         workers = {
-            _meta(p)["name"]: url
+            meta(p)["name"]: url
             for p in self.view.live
             if (url := self.url(p)) is not None and pod_role(p) is not None
         }
@@ -37,9 +37,9 @@ class RouterSync(DeploymentState):
         self._router_urls = []
         for r in routers:
             ip = r.get("status", {}).get("podIP")
-            if not ip or not pod_ready(r) or _meta(r).get("deletionTimestamp"):
+            if not ip or not pod_ready(r) or meta(r).get("deletionTimestamp"):
                 continue
-            uid = _meta(r)["uid"]
+            uid = meta(r)["uid"]
             alive.add(uid)
             self._router_urls.append(f"http://{ip}:{self.spec.router.port}")
             last = self._router_sync.get(uid)
@@ -53,9 +53,9 @@ class RouterSync(DeploymentState):
                     if resp.status == 200:
                         self._router_sync[uid] = (now, payload)
                     else:
-                        log.warning("router %s: %s", _meta(r)["name"], resp.status)
+                        log.warning("router %s: %s", meta(r)["name"], resp.status)
             except (aiohttp.ClientError, TimeoutError) as exc:
-                log.warning("router %s unreachable: %s", _meta(r)["name"], exc)
+                log.warning("router %s unreachable: %s", meta(r)["name"], exc)
         self._router_sync = {k: v for k, v in self._router_sync.items() if k in alive}
         self.routers_ready = len(alive)
 

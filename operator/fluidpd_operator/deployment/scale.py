@@ -16,8 +16,8 @@ from fluidpd.core.types import Role
 from fluidpd_operator import resources as res
 from fluidpd_operator.deployment.pods import (
     PodView,
-    _meta,
     annotation,
+    meta,
     next_names,
     pod_ready,
     pod_role,
@@ -57,9 +57,7 @@ class PodsAndScale(DeploymentState):
             initial = not view.pods
             roles = roles_for_new_pods(missing, view.counts(), self.spec, initial, self._scale_hint)
             self._scale_hint = None
-            names = next_names(
-                f"{self.name}-worker", (_meta(p)["name"] for p in view.pods), missing
-            )
+            names = next_names(f"{self.name}-worker", (meta(p)["name"] for p in view.pods), missing)
             for pod_name, role in zip(names, roles, strict=True):
                 image = self.cfg.worker_image(self.spec.engine.backend)
                 pod = res.worker_pod(self.body, self.spec, pod_name, role, image)
@@ -86,7 +84,7 @@ class PodsAndScale(DeploymentState):
         out = []
         for p in self.view.serving:
             r = pod_role(p)
-            name = _meta(p)["name"]
+            name = meta(p)["name"]
             if r is None or counts[r] <= keep[r] or name == switching:
                 continue
             if annotation(p, res.DESIRED_ROLE):
@@ -96,11 +94,11 @@ class PodsAndScale(DeploymentState):
             out.append(p)
 
         def cost(p: dict[str, Any]) -> tuple[int, float, str]:
-            report = reports.get(_meta(p)["name"])
+            report = reports.get(meta(p)["name"])
             # A pod that serves nothing yet costs nothing to remove.
             if report is None or not pod_ready(p):
-                return (0, 0.0, _meta(p)["name"])
-            return (1, float(report.get("drain_cost", 0.0)), _meta(p)["name"])
+                return (0, 0.0, meta(p)["name"])
+            return (1, float(report.get("drain_cost", 0.0)), meta(p)["name"])
 
         return sorted(out, key=cost)
 
@@ -111,11 +109,11 @@ class PodsAndScale(DeploymentState):
             self._errors.append("scale-in waits: every removable worker is busy or protected")
             return False
         pod = candidates[0]
-        name = _meta(pod)["name"]
+        name = meta(pod)["name"]
         await self.kube.patch("v1", "Pod", self.namespace, name, {
             "metadata": {"annotations": {res.RETIRE: rfc3339()}}
         })  # fmt: skip
-        _meta(pod).setdefault("annotations", {})[res.RETIRE] = rfc3339()
+        meta(pod).setdefault("annotations", {})[res.RETIRE] = rfc3339()
         await self.ask_retire(pod)
         await self.both_events(pod, "ScalingIn", f"draining {pod_role(pod)} worker for removal")
         return True
@@ -128,27 +126,27 @@ class PodsAndScale(DeploymentState):
         others = [
             r["url"]
             for w, r in reports.items()
-            if w != _meta(pod)["name"] and r["role"] == Role.DECODE.value
+            if w != meta(pod)["name"] and r["role"] == Role.DECODE.value
         ]
         body = {"drain": self.spec.fluid_role.drain_mode.value, "migrate_to": others}
         status, text = await post_admin(self.session, f"{url}/retire", body, self.headers)
         if status == 200:
             answer: dict[str, Any] = orjson.loads(text)
             return answer
-        log.warning("retire %s: %s %s", _meta(pod)["name"], status, text[:200])
+        log.warning("retire %s: %s %s", meta(pod)["name"], status, text[:200])
         return None
 
     async def finish_retirements(self) -> None:
         """Delete retiring pods once drained (or when they serve nothing: not ready, gone)."""
         for pod in self.view.retiring:
-            name = _meta(pod)["name"]
+            name = meta(pod)["name"]
             report = self.role_ctl.reports.get(name) if self.role_ctl else None
             report = report or await self._pressure(pod)
             if report is not None and not report.get("retiring"):
                 await self.ask_retire(pod)  # the sidecar restarted: ask again
                 continue
             if report is None or report.get("drained"):
-                await self.kube.delete_pod(self.namespace, name, _meta(pod)["uid"])
+                await self.kube.delete_pod(self.namespace, name, meta(pod)["uid"])
                 await self.both_events(pod, "WorkerRemoved", "drained and deleted (scale-in)")
 
     def _settled(self, ctl: FluidRoleController) -> bool:

@@ -18,7 +18,7 @@ from fluidpd.core.fallback import CapacityFallback
 from fluidpd.core.types import Role
 from fluidpd_operator import resources as res
 from fluidpd_operator.config import OperatorConfig
-from fluidpd_operator.deployment.pods import PodView, _meta, rfc3339
+from fluidpd_operator.deployment.pods import PodView, meta, rfc3339
 from fluidpd_operator.kube import Kube, KubeError, event_manifest
 from fluidpd_operator.spec import DeploymentSpec
 
@@ -43,8 +43,8 @@ class DeploymentState:
         self.metrics = metrics
         self.body = body
         self.spec = DeploymentSpec.model_validate(body["spec"])
-        self.namespace: str = _meta(body)["namespace"]
-        self.name: str = _meta(body)["name"]
+        self.namespace: str = meta(body)["namespace"]
+        self.name: str = meta(body)["name"]
         self.token: str | None = None
         self.autoscaled = int(body.get("status", {}).get("autoscaledWorkers", 0) or 0)
         self.role_ctl: FluidRoleController | None = None
@@ -102,7 +102,7 @@ class DeploymentState:
 
     async def both_events(self, pod: dict[str, Any], reason: str, message: str) -> None:
         await self.event(pod, reason, message)
-        await self.event(self.body, reason, f"{_meta(pod)['name']}: {message}")
+        await self.event(self.body, reason, f"{meta(pod)['name']}: {message}")
 
     # -- children -----------------------------------------------------------------------------
     async def ensure_token(self) -> None:

@@ -10,8 +10,8 @@ from fluidpd.core.fluidrole import Recommendation
 from fluidpd.core.types import Role, RoleState
 from fluidpd_operator import resources as res
 from fluidpd_operator.deployment.pods import (
-    _meta,
     annotation,
+    meta,
     pod_ready,
     pod_role,
     rfc3339,
@@ -42,8 +42,8 @@ class StatusWriter(DeploymentState):
         pods = []
         counts = {Role.PREFILL: 0, Role.DECODE: 0}
         ready = 0
-        for p in sorted(v.live, key=lambda p: _meta(p)["name"]):
-            name = _meta(p)["name"]
+        for p in sorted(v.live, key=lambda p: meta(p)["name"]):
+            name = meta(p)["name"]
             r = reports.get(name)
             role = pod_role(p)
             is_ready = pod_ready(p)
@@ -74,7 +74,7 @@ class StatusWriter(DeploymentState):
             not self.spec.autoscaling.enabled or target >= self.spec.autoscaling.max_workers
         )
         unreachable = [e["name"] for e in pods if e["ready"] and e["name"] not in reports]
-        live = {_meta(p)["name"]: p for p in v.live}
+        live = {meta(p)["name"]: p for p in v.live}
         not_ready = [
             f"{e['name']} ({why})" if (why := why_not_ready(live[e["name"]])) else e["name"]
             for e in pods
@@ -101,7 +101,7 @@ class StatusWriter(DeploymentState):
         if not_ready and not progressing[0]:
             degraded_msgs.append(f"workers not ready: {', '.join(not_ready)}")
         status: dict[str, Any] = {
-            "observedGeneration": _meta(self.body).get("generation"),
+            "observedGeneration": meta(self.body).get("generation"),
             "workers": len(v.live),
             "readyWorkers": ready,
             "ready": f"{ready}/{target}",

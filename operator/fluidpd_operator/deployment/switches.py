@@ -13,7 +13,7 @@ from fluidpd.controller.metrics import DeploymentMetrics
 from fluidpd.core.fluidrole import FluidRoleConfig, SwitchDecision
 from fluidpd.core.types import DrainMode, Role
 from fluidpd_operator import resources as res
-from fluidpd_operator.deployment.pods import _meta, annotation, pod_ready, rfc3339
+from fluidpd_operator.deployment.pods import annotation, meta, pod_ready, rfc3339
 from fluidpd_operator.deployment.state import DeploymentState
 from fluidpd_operator.kube import KubeError
 
@@ -29,7 +29,7 @@ class Switches(DeploymentState):
                 for p in self.view.serving:
                     url = self.url(p)
                     if url and pod_ready(p):
-                        out[_meta(p)["name"]] = url
+                        out[meta(p)["name"]] = url
                 return out
 
             metrics = (
@@ -59,9 +59,9 @@ class Switches(DeploymentState):
             if not ctl.reports:
                 return  # no sidecar has answered yet: look again next interval
             self._inherited = {
-                _meta(p)["name"] for p in self.view.serving if annotation(p, res.DESIRED_ROLE)
+                meta(p)["name"] for p in self.view.serving if annotation(p, res.DESIRED_ROLE)
             }
-        pods = {_meta(p)["name"]: p for p in self.view.serving}
+        pods = {meta(p)["name"]: p for p in self.view.serving}
         for name in sorted(self._inherited):
             pod = pods.get(name)
             desired = annotation(pod, res.DESIRED_ROLE) if pod else None
@@ -80,7 +80,7 @@ class Switches(DeploymentState):
     async def _handle_events(self, ctl: FluidRoleController) -> None:
         new: list[ControllerEvent] = ctl.events[self._seen_events :]
         self._seen_events = len(ctl.events)
-        pods = {_meta(p)["name"]: p for p in self.view.pods}
+        pods = {meta(p)["name"]: p for p in self.view.pods}
         for e in new:
             pod = pods.get(e.worker)
             if e.kind == "switch-finished" and pod is not None:
@@ -90,8 +90,8 @@ class Switches(DeploymentState):
                     "annotations": {res.DESIRED_ROLE: None, res.SWITCH_STARTED: None,
                                     res.SWITCH_DRAIN: None},
                 }})  # fmt: skip
-                _meta(pod)["labels"][res.ROLE_LABEL] = to
-                _meta(pod).get("annotations", {}).pop(res.DESIRED_ROLE, None)
+                meta(pod)["labels"][res.ROLE_LABEL] = to
+                meta(pod).get("annotations", {}).pop(res.DESIRED_ROLE, None)
                 drain = float(e.detail.get("drain_s", 0.0))
                 self.last_switch = {
                     "time": rfc3339(e.t),

@@ -16,9 +16,6 @@ from fluidpd.api.internal import (
     PrefillHalf,
     PrefillOutcome,
     Released,
-    RetireRequest,
-    RoleRequest,
-    RoleStatus,
     SuffixCommit,
 )
 from fluidpd_sidecar.app import HALF, NDJSON, STREAM, bounds
@@ -29,30 +26,12 @@ from fluidpd_sidecar.sglang.service import SglangService
 def create_app(service: SglangService) -> FastAPI:
     title = f"FluidPD sglang worker sidecar {service.cfg.worker_id}"
     app, Admin, body = worker_app(service, title, service.ready, bounds(service.cfg))
-    role_body, role_doc = body(RoleRequest)
-    retire_body, retire_doc = body(RetireRequest)
     prefill_body, prefill_doc = body(PrefillHalf)
     decode_body, decode_doc = body(DecodeHalf)
     abort_body, abort_doc = body(Abort)
 
-    switching = detail(s409="a switch or a retirement is under way")
     suffix_body, suffix_doc = body(SuffixCommit)
     not_decode = detail(s409="not a decode worker")
-
-    @app.post("/role", dependencies=[Admin], openapi_extra=role_doc,
-              responses={**UNAUTHORIZED, **INVALID, **switching})  # fmt: skip
-    async def post_role(req: Annotated[RoleRequest, role_body]) -> RoleStatus:
-        return service.request_role(req)
-
-    @app.post("/retire", dependencies=[Admin], openapi_extra=retire_doc,
-              responses={**UNAUTHORIZED, **INVALID, **switching})  # fmt: skip
-    async def post_retire(req: Annotated[RetireRequest, retire_body]) -> RoleStatus:
-        return service.retire(req)
-
-    @app.delete("/retire", dependencies=[Admin], responses=UNAUTHORIZED)
-    async def delete_retire() -> RoleStatus:
-        """Calls off a retirement: the worker returns to service in its role (idempotent)."""
-        return service.cancel_retire()
 
     @app.post("/v1/internal/release", dependencies=[Admin], openapi_extra=abort_doc,
               responses={**UNAUTHORIZED, **INVALID})  # fmt: skip

@@ -40,7 +40,8 @@ from fluidpd.api.internal import (
     RoleRequest,
     RoleStatus,
 )
-from fluidpd.core.rolestate import RoleStateMachine
+from fluidpd.core.repair import drain_releases_reserved, release_asks
+from fluidpd.core.rolestate import IllegalTransition, RoleStateMachine
 from fluidpd.core.types import DrainMode, Role, RoleState
 from fluidpd_sidecar.errors import Conflict
 from fluidpd_sidecar.peers import PeerError
@@ -97,16 +98,7 @@ class RoleDriver:
         return bool(snap.get("ready")) and snap.get("mode") == self.sm.role.value
 
     def status(self) -> RoleStatus:
-        sm = self.sm
-        return RoleStatus(
-            worker=self.service.cfg.worker_id,
-            role=sm.role,
-            state=sm.state,
-            target=sm.target,
-            since=sm.since,
-            switches=self.switches,
-            retiring=sm.retiring,
-        )
+        return RoleStatus.of(self.service.cfg.worker_id, self.sm, self.switches)
 
     def report(self, base: PressureReport) -> PressureReport:
         last = self.last
@@ -126,12 +118,11 @@ class RoleDriver:
     # -- FluidRole --------------------------------------------------------------------------
     def request(self, body: RoleRequest) -> RoleStatus:
         sm = self.sm
-        if sm.state is RoleState.ACTIVE and sm.role is body.role:
-            return self.status()  # already there: idempotent
-        if sm.state is not RoleState.ACTIVE:
-            if sm.target is body.role:
-                return self.status()  # the same switch is under way
-            raise Conflict(f"a switch to {sm.target.value if sm.target else '?'} is under way")
+        try:
+            if not sm.wants_switch(body.role):
+                return self.status()  # already there, or on its way: idempotent
+        except IllegalTransition as exc:
+            raise Conflict(str(exc)) from None
         if not self.engine_in_role():
             raise Conflict("SGLang is not serving yet; switch once it is ready")
         source = sm.role
@@ -147,10 +138,11 @@ class RoleDriver:
     def retire(self, body: RetireRequest) -> RoleStatus:
         """Scale-in: take no more halves, re-pair what has not started, finish the rest."""
         sm = self.sm
-        if sm.retiring:
-            return self.status()
-        if sm.state is not RoleState.ACTIVE:
-            raise Conflict(f"a switch to {sm.target.value if sm.target else '?'} is under way")
+        try:
+            if not sm.wants_retire():
+                return self.status()
+        except IllegalTransition as exc:
+            raise Conflict(str(exc)) from None
         sm.begin_retire(time.time())
         self._task = asyncio.ensure_future(self._repair_unstarted())
         return self.status()
@@ -212,6 +204,10 @@ class RoleDriver:
                 log.warning("SGLang refused the switch to %s: %s", target.value, out)
             await asyncio.sleep(POLL_S)
 
+    def _prefill_url_of(self, rid: int) -> str | None:
+        half = self.service.halves.get(rid)
+        return half.prefill_url if half is not None and half.prefill_url else None
+
     async def _repair_unstarted(self) -> None:
         svc = self.service
         code, out = await self._hook("unstarted", {})
@@ -219,17 +215,15 @@ class RoleDriver:
         self.repair.update(aborted)
         if aborted:
             log.info("re-pairing %d queued, not started requests", len(aborted))
-        if self.sm.role is not Role.DECODE:
+        if not drain_releases_reserved(self.sm.role):
             return
-        # Decode: requests holding a reservation here whose prefill may not have started.
-        for entry in list(svc.snapshot.get("transfer", [])):
-            rid = int(entry["rid"])
-            half = svc.halves.get(rid)
-            if half is None or not half.prefill_url or rid in self.repair:
-                continue
+        # Decode: requests holding a reservation here whose prefill may not have started
+        # (SGLang's transfer queue), asked about as ``fluidpd.core.repair`` says.
+        reserved = [int(entry["rid"]) for entry in svc.snapshot.get("transfer", [])]
+        for rid, prefill_url in release_asks(reserved, self._prefill_url_of, self.repair):
             try:
                 answer = await svc.peer_post(
-                    half.prefill_url, "/v1/internal/release", Abort(rid=rid, reason="re-pair")
+                    prefill_url, "/v1/internal/release", Abort(rid=rid, reason="re-pair")
                 )
             except (PeerError, ValueError):
                 continue

@@ -41,7 +41,7 @@ from fluidpd.core.scheduler.messages import SuffixCommitted
 from fluidpd.core.scheduler.prefill import PrefillBatch, PrefillSide
 from fluidpd.core.scheduler.worker import Worker
 from fluidpd.core.types import SLO, Request, Role
-from fluidpd_sidecar.peers import PeerError, Peers
+from fluidpd_sidecar.peers import PeerError, Peers, refresh_budgets
 
 log = logging.getLogger("fluidpd.sidecar.sglang")
 
@@ -212,17 +212,10 @@ class PrefillPlanner:
         """While the queue is under stealing pressure, keep its peers' budgets fresh."""
         while True:
             await asyncio.sleep(self.budget_refresh_s)
-            if not self.token_cfg.enabled or len(self.side.waiting) < 2:
+            if not self.token_cfg.enabled:
                 continue
-            for d in {r.decode_worker for r in self.side.waiting}:
-                url = self._decode_urls.get(d)
-                if url is None:
-                    continue
-                try:
-                    answer = await self.peers.get(url, "/v1/internal/budget")
-                    self.budgets[d] = float(answer.get("budget", 0.0))
-                except PeerError:
-                    self.budgets[d] = 0.0
+            wanted = self.side.budget_peers()
+            await refresh_budgets(self.peers, wanted, self._decode_urls, self.budgets)
 
 
 class DecodeSplits:
