@@ -303,6 +303,10 @@ class FluidRolePolicy:
         if undo is not None:
             return undo
         rec = recommend(pressure, self.cfg)
+        predictive = self._predictive(demand)
+        if predictive and rec is Recommendation.NONE:
+            assert demand is not None
+            rec = self._proposal(now, pressure, demand)
         self.last_recommendation = rec
         self._streak = self._streak + 1 if rec is self._last else 1
         self._last = rec
@@ -320,20 +324,11 @@ class FluidRolePolicy:
             return Recommendation.NONE
         source = Role.DECODE if rec is Recommendation.D_TO_P else Role.PREFILL
         forecast = None
-        if self._predictive(demand):
-            assert self.model is not None and demand is not None
-            split = Split(pressure.n_prefill, pressure.n_decode)
-            migrate = self.cfg.drain_mode is DrainMode.MIGRATE
+        if predictive:
+            assert demand is not None
             if not demand.reliable:
                 return Recommendation.NONE
-            # The decode pool's pressure lags its demand (streams take a while to fill it),
-            # so it calibrates the forecast only once a window has passed since the start
-            # and the last switch has settled.
-            settled = demand.full_window and now >= self._last_switch_end + self.cfg.settle_s
-            observed = max(pressure.dpi_load_bar, pressure.dpi_adm_bar) if settled else None
-            forecast = self.model.forecast(
-                demand, split, source, self.cfg.horizon_s, migrate, observed, pressure.ppi_bar
-            )
+            forecast = self._forecast(now, pressure, demand, source)
             self.last_forecast = forecast
             if not clearly_worth(forecast, self.cfg.gain_margin):
                 self.refused += 1
@@ -343,6 +338,41 @@ class FluidRolePolicy:
         if decision is not None and forecast is not None:
             self._check = _Check(source, rec, math.inf)
         return decision or Recommendation.NONE
+
+    def _forecast(self, now: float, p: PoolPressure, demand: Demand, source: Role) -> Forecast:
+        """The model's forecast of moving one ``source`` worker to the other role."""
+        assert self.model is not None
+        split = Split(p.n_prefill, p.n_decode)
+        migrate = self.cfg.drain_mode is DrainMode.MIGRATE
+        # The decode pool's pressure lags its demand (streams take a while to fill it), so it
+        # calibrates the forecast only once the pool has had time to fill since the first
+        # arrival (``fill_seconds``, or a whole demand window) and the last switch has settled.
+        filled = demand.full_window or demand.seen_s >= self.model.fill_seconds(demand, p.n_decode)
+        settled = filled and now >= self._last_switch_end + self.cfg.settle_s
+        observed = max(p.dpi_load_bar, p.dpi_adm_bar) if settled else None
+        return self.model.forecast(
+            demand, split, source, self.cfg.horizon_s, migrate, observed, p.ppi_bar
+        )
+
+    def _proposal(self, now: float, p: PoolPressure, demand: Demand) -> Recommendation:
+        """What the forecast itself proposes when eqs. (22)-(23) propose nothing: the switch
+        whose forecast clearly wins (the larger net gain if both do). The paper's thresholds
+        only see a queue already past its deadlines or KV already committed; a split within
+        capacity that still misses a share of its deadlines (a prefill queue of widely spread
+        long prompts at PPI-bar 0.5) is seen only by the forecast."""
+        if not demand.reliable:
+            return Recommendation.NONE
+        best, best_net = Recommendation.NONE, 0.0
+        for source, rec, keep, pool in (
+            (Role.DECODE, Recommendation.D_TO_P, self.cfg.min_decode, p.n_decode),
+            (Role.PREFILL, Recommendation.P_TO_D, self.cfg.min_prefill, p.n_prefill),
+        ):
+            if pool <= keep:
+                continue
+            f = self._forecast(now, p, demand, source)
+            if clearly_worth(f, self.cfg.gain_margin) and f.gain - f.cost > best_net:
+                best, best_net = rec, f.gain - f.cost
+        return best
 
     def _predictive(self, demand: Demand | None) -> bool:
         return (

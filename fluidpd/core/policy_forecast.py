@@ -63,6 +63,13 @@ class Demand:
     #: The busiest recent rate the arrivals show beyond Poisson noise (requests per second;
     #: see ``DemandWindow``); 0 when unknown. The donor phase of a switch must carry it.
     peak_rate: float = 0.0
+    #: Mean square predicted prefill seconds, E[T_pre(L)^2]; 0 when unknown (then every
+    #: prefill is taken to last the mean, the M/D/1 case).
+    prefill_s2: float = 0.0
+    #: Seconds of arrivals seen so far (at most the window); 0 when unknown.
+    seen_s: float = 0.0
+    #: Mean square output tokens, E[O^2]; 0 when unknown (then taken as E[O]^2).
+    output2: float = 0.0
 
     @property
     def reliable(self) -> bool:
@@ -70,11 +77,32 @@ class Demand:
         return self.samples >= MIN_DEMAND_SAMPLES
 
     @property
+    def prefill_residual(self) -> float:
+        """E[T^2] / E[T]: twice the mean residual prefill time an arrival waits behind (equal
+        to the mean prefill time when every prefill lasts the same)."""
+        if self.prefill_s <= 0:
+            return 0.0
+        return max(self.prefill_s2 / self.prefill_s, self.prefill_s)
+
+    @property
+    def spread(self) -> float:
+        """E[X^2] / E[X]^2 of the per-request work X of the phase whose work spreads most
+        (prefill seconds, output tokens); 1 when every request asks for the same."""
+        k = 1.0
+        if self.prefill_s > 0 and self.prefill_s2 > 0:
+            k = max(k, self.prefill_s2 / self.prefill_s**2)
+        if self.output > 0 and self.output2 > 0:
+            k = max(k, self.output2 / self.output**2)
+        return k
+
+    @property
     def rate_error(self) -> float:
-        """Relative error bound of the rate: ``RATE_Z / sqrt(samples)`` (Poisson), at most 1."""
+        """Relative error bound of the work rate, at most 1: ``RATE_Z`` standard errors of a
+        compound Poisson sum, ``sqrt(E[X^2] / E[X]^2 / samples)`` (``spread``), so that a few
+        long prompts or outputs among the arrivals widen the bound as few arrivals do."""
         if self.samples <= 0:
             return 1.0
-        return min(1.0, RATE_Z / math.sqrt(self.samples))
+        return min(1.0, RATE_Z * math.sqrt(self.spread / self.samples))
 
     def at_rate(self, rate: float) -> Demand:
         return Demand(
@@ -85,6 +113,9 @@ class Demand:
             self.samples,
             self.full_window,
             self.peak_rate,
+            self.prefill_s2,
+            self.seen_s,
+            self.output2,
         )
 
     @property
@@ -131,6 +162,28 @@ class Forecast:
     #: a switch that would overload the phase it takes the worker from only moves the
     #: bottleneck, and the next burst reverses it.
     donor_after: float = 0.0
+    #: Forecast SLO loss (``CapacityModel.loss``: fraction of requests missing, plus the
+    #: bottleneck's overload) now, after the switch and during its drain.
+    loss_before: float = 0.0
+    loss_after: float = 0.0
+    loss_during: float = 0.0
+    #: Arrivals over the horizon at the rate's lower bound: ``gain`` in requests is
+    #: ``gain / horizon * arrivals``, and the split kept would miss ``loss_before * arrivals``.
+    arrivals: float = 0.0
+
+    @property
+    def saved(self) -> float:
+        """Requests the switch saves over the horizon, net of its drain (forecast)."""
+        horizon = self.gain / (self.loss_before - self.loss_after) if self.gain > 0 else 0.0
+        if horizon <= 0:
+            return 0.0
+        return (self.gain - self.cost) / horizon * self.arrivals
+
+    @property
+    def noise(self) -> float:
+        """The Poisson standard deviation of the misses the kept split would see over the
+        horizon, ``sqrt(loss_before * arrivals)``: a saving inside it is no evidence."""
+        return math.sqrt(max(0.0, self.loss_before) * self.arrivals)
 
 
 def excess(ratio: float) -> float:
@@ -138,11 +191,63 @@ def excess(ratio: float) -> float:
     return max(0.0, ratio - 1.0)
 
 
-def prefill_headroom(mean_prefill_s: float, ttft_slo: float) -> float:
-    """u_P*: the busy fraction at which M/D/1 queueing plus service reaches the TTFT budget."""
+def unserved(ratio: float) -> float:
+    """Share of demand a phase at this load ratio cannot serve within the SLO, ``1 - 1/B``
+    past capacity (1 for a phase that cannot serve at all), 0 within it."""
+    if ratio <= 1.0:
+        return 0.0
+    return 1.0 - 1.0 / ratio
+
+
+def prefill_headroom(
+    mean_prefill_s: float, ttft_slo: float, residual_s: float | None = None
+) -> float:
+    """u_P*: the busy fraction at which M/G/1 queueing plus service reaches the TTFT budget.
+
+    With B = S_TTFT - T the time a prompt of mean prefill time T may wait, and R = E[T^2]/E[T]
+    (``residual_s``; T itself when every prefill lasts the mean), the Pollaczek-Khinchine mean
+    wait ``rho R / (2 (1 - rho))`` equals B at ``rho = 2B / (2B + R)``: prompts whose prefill
+    times spread widely (4-16K tokens) leave less headroom than their mean says."""
     if mean_prefill_s >= ttft_slo:
         return 0.0
-    return 2.0 * (ttft_slo - mean_prefill_s) / (2.0 * ttft_slo - mean_prefill_s)
+    budget = ttft_slo - mean_prefill_s
+    residual = mean_prefill_s if residual_s is None else max(residual_s, mean_prefill_s)
+    return 2.0 * budget / (2.0 * budget + residual)
+
+
+def prefill_miss(busy: float, budget_s: float, residual_s: float) -> float:
+    """Fraction of prompts whose queueing wait passes ``budget_s`` at per-worker busy fraction
+    ``busy``: the M/G/1 wait tail ``P(W > t) ~ rho exp(-t rho / E[W])`` (exact for M/M/1, the
+    usual exponential approximation otherwise) with the Pollaczek-Khinchine mean wait, so
+    ``rho exp(-2 (1 - rho) t / R)``. It grows smoothly with the load well before the queue is
+    unstable (at the headroom u_P* about a third of the prompts miss), which is what a
+    split that is within capacity but misses deadlines needs to be judged by."""
+    if busy <= 0:
+        return 0.0
+    if busy >= 1.0 or budget_s <= 0:
+        return 1.0
+    if residual_s <= 0:
+        return 0.0
+    return min(1.0, busy * math.exp(-2.0 * (1.0 - busy) * budget_s / residual_s))
+
+
+def poisson_tail(mean: float, limit: float) -> float:
+    """P(N > limit) for N ~ Poisson(mean) (normal approximation with continuity correction):
+    the number of requests in an M/G/infinity stage is Poisson, so this is the fraction of
+    time the decode pool's concurrent streams (or their KV) pass what a worker holds."""
+    if mean <= 0:
+        return 0.0
+    if not math.isfinite(mean) or limit <= 0:
+        return 1.0
+    return 0.5 * math.erfc((limit + 0.5 - mean) / math.sqrt(2.0 * mean))
+
+
+def combined_miss(*misses: float) -> float:
+    """A request misses if any stage it passes misses (stages taken as independent)."""
+    kept = 1.0
+    for m in misses:
+        kept *= 1.0 - min(1.0, max(0.0, m))
+    return 1.0 - kept
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,41 +277,132 @@ class CapacityModel:
             profile.switch.to_decode_ms * 1e-3,
         )
 
+    def prefill_busy(self, d: Demand, n_prefill: int) -> float:
+        """Busy fraction per prefill worker, ``rate E[T_pre] / n_P`` (inf with none)."""
+        if d.rate <= 0:
+            return 0.0
+        if n_prefill <= 0:
+            return math.inf
+        return d.rate * d.prefill_s / n_prefill
+
     def prefill_ratio(self, d: Demand, n_prefill: int) -> float:
         """u_P / u_P* for ``n_prefill`` workers (inf with none, or if one prompt alone misses
         the TTFT budget)."""
         if d.rate <= 0:
             return 0.0
-        headroom = prefill_headroom(d.prefill_s, self.slo.ttft)
+        headroom = prefill_headroom(d.prefill_s, self.slo.ttft, d.prefill_residual)
         if n_prefill <= 0 or headroom <= 0:
             return math.inf
-        return d.rate * d.prefill_s / n_prefill / headroom
+        return self.prefill_busy(d, n_prefill) / headroom
 
-    def decode_ratio(self, d: Demand, n_decode: int) -> float:
+    def prefill_wait(self, d: Demand, n_prefill: int, scale: float = 1.0) -> float:
+        """Mean seconds a prompt waits in the prefill queue (Pollaczek-Khinchine at the busy
+        fraction times the calibration ``scale``), at most its TTFT budget: past it the prompt
+        is lost to the SLO whatever it waits, which ``prefill_miss`` counts."""
+        budget = max(0.0, self.slo.ttft - d.prefill_s)
+        busy = scale * self.prefill_busy(d, n_prefill)
+        if busy <= 0:
+            return 0.0
+        if busy >= 1.0:
+            return budget
+        return min(budget, busy * d.prefill_residual / (2.0 * (1.0 - busy)))
+
+    def _decode_load(
+        self, d: Demand, n_decode: int, queued_s: float = 0.0
+    ) -> tuple[float, float, float, float]:
+        """(concurrent streams, N_TPOT, requests holding KV, requests the KV holds) per decode
+        worker; the concurrency is inf when no batch size streams the tokens asked for.
+
+        KV is reserved when a request is dispatched, before its prefill starts (as SGLang
+        does), so a request holds it while it waits in the prefill queue (``queued_s``, see
+        ``prefill_wait``), while its prefill runs and while it decodes."""
+        tokens_per_s = d.rate * max(d.output, 1.0) / n_decode
+        ctx = d.prompt + d.output / 2.0
+        per_request = self.decode.a_c * ctx + self.decode.a_n
+        n_tpot = float(min(self.max_running, self.decode.max_batch(self.slo.tpot, ctx)))
+        commit = d.prompt + min(d.output, self.reserve_output_clip)
+        slots = self.kv_capacity / commit if commit > 0 else math.inf
+        if tokens_per_s * per_request >= 1.0:
+            return math.inf, n_tpot, math.inf, slots
+        # Little's law: n concurrent streams at t(n) = per_request * n + a_0 seconds per
+        # iteration deliver n / t(n) tokens per second.
+        concurrency = tokens_per_s * self.decode.a_0 / (1.0 - tokens_per_s * per_request)
+        held = concurrency + d.rate / n_decode * (queued_s + d.prefill_s)
+        return concurrency, n_tpot, held, slots
+
+    def decode_ratio(self, d: Demand, n_decode: int, queued_s: float = 0.0) -> float:
         """max(concurrency / N_TPOT, committed KV / capacity) for ``n_decode`` workers."""
         if d.rate <= 0:
             return 0.0
         if n_decode <= 0:
             return math.inf
-        tokens_per_s = d.rate * max(d.output, 1.0) / n_decode
-        ctx = d.prompt + d.output / 2.0
-        per_request = self.decode.a_c * ctx + self.decode.a_n
-        if tokens_per_s * per_request >= 1.0:
-            return math.inf  # no batch size streams this many tokens per second
-        # Little's law: n concurrent streams at t(n) = per_request * n + a_0 seconds per
-        # iteration deliver n / t(n) tokens per second.
-        concurrency = tokens_per_s * self.decode.a_0 / (1.0 - tokens_per_s * per_request)
-        n_tpot = min(self.max_running, self.decode.max_batch(self.slo.tpot, ctx))
+        concurrency, n_tpot, held, slots = self._decode_load(d, n_decode, queued_s)
+        if not math.isfinite(concurrency):
+            return math.inf
         compute = concurrency / n_tpot if n_tpot > 0 else math.inf
-        commit = d.prompt + min(d.output, self.reserve_output_clip)
-        held = concurrency + d.rate / n_decode * d.prefill_s
-        return max(compute, held * commit / self.kv_capacity)
+        return max(compute, held / slots)
 
-    def bottleneck(
+    def decode_miss(
+        self, d: Demand, n_decode: int, scale: float = 1.0, queued_s: float = 0.0
+    ) -> float:
+        """Fraction of time a decode worker's streams pass N_TPOT or its committed KV passes
+        capacity (``poisson_tail``), with the calibration ``scale`` on the load."""
+        if d.rate <= 0:
+            return 0.0
+        if n_decode <= 0:
+            return 1.0
+        concurrency, n_tpot, held, slots = self._decode_load(d, n_decode, queued_s)
+        return max(poisson_tail(scale * concurrency, n_tpot), poisson_tail(scale * held, slots))
+
+    def loss(
         self, d: Demand, split: Split, decode_scale: float = 1.0, prefill_scale: float = 1.0
     ) -> float:
-        decode = decode_scale * self.decode_ratio(d, split.n_decode)
+        """Forecast SLO loss of a split, between 0 and 2: the fraction of requests that miss
+        (``prefill_miss`` of the prefill queue, ``decode_miss`` of the decode pool; 1 past
+        capacity) plus the share of demand the bottleneck phase cannot serve,
+        ``unserved(B)``, which keeps ordering splits that are all past capacity."""
+        budget = self.slo.ttft - d.prefill_s
+        busy = prefill_scale * self.prefill_busy(d, split.n_prefill)
+        miss = combined_miss(
+            prefill_miss(busy, budget, d.prefill_residual),
+            self.decode_miss(
+                d,
+                split.n_decode,
+                decode_scale,
+                self.prefill_wait(d, split.n_prefill, prefill_scale),
+            ),
+        )
+        return miss + unserved(self.bottleneck(d, split, decode_scale, prefill_scale))
+
+    def bottleneck(
+        self,
+        d: Demand,
+        split: Split,
+        decode_scale: float = 1.0,
+        prefill_scale: float = 1.0,
+        reservations: bool = True,
+    ) -> float:
+        """max(prefill ratio, decode ratio); ``reservations=False`` leaves out the decode KV
+        that requests hold while they wait in the prefill queue (the capacity definition the
+        robustness suite's rates were first set by)."""
+        queued = self.prefill_wait(d, split.n_prefill, prefill_scale) if reservations else 0.0
+        decode = decode_scale * self.decode_ratio(d, split.n_decode, queued)
         return max(prefill_scale * self.prefill_ratio(d, split.n_prefill), decode)
+
+    def fill_seconds(self, d: Demand, n_decode: int) -> float:
+        """How long ``n_decode`` decode workers take to reach their steady load from empty: an
+        M/G/infinity stage is at its stationary occupancy once its streams have run their
+        course, so a prompt's prefill plus twice a mean stream (E[O] iterations at the
+        iteration time of the forecast concurrency, eq. 13). Before it, the decode pool's
+        observed pressure understates its load and cannot calibrate the model."""
+        if d.rate <= 0 or n_decode <= 0:
+            return math.inf
+        concurrency = self._decode_load(d, n_decode)[0]
+        if not math.isfinite(concurrency):
+            return math.inf
+        ctx = d.prompt + d.output / 2.0
+        iteration = (self.decode.a_c * ctx + self.decode.a_n) * max(concurrency, 1.0)
+        return d.prefill_s + 2.0 * d.output * (iteration + self.decode.a_0)
 
     def drain_seconds(self, d: Demand, source: Role, migrate: bool) -> float:
         """Forecast drain + flip time: a prefill worker finishes about one prompt; a decode
@@ -233,15 +429,21 @@ class CapacityModel:
         work over the time left to the deadlines, so also a load ratio against the SLO)
         rescale the forecasts of the current split, so that the model is only trusted for how
         the load changes with the pool size."""
-        scale = decode_scale(self.decode_ratio(d, split.n_decode), observed_decode)
         p_scale = prefill_scale(self.prefill_ratio(d, split.n_prefill), observed_prefill)
+        queued = self.prefill_wait(d, split.n_prefill, p_scale)
+        scale = decode_scale(self.decode_ratio(d, split.n_decode, queued), observed_decode)
         low = d.low
         before = self.bottleneck(low, split, scale, p_scale)
         after = self.bottleneck(low, split.after(source), scale, p_scale)
         during = self.bottleneck(low, split.during(source), scale, p_scale)
         drain = self.drain_seconds(d, source, migrate)
-        gain = horizon_s * (excess(before) - excess(after))
-        cost = drain * excess(during)
+        loss_before = self.loss(low, split, scale, p_scale)
+        loss_after = self.loss(low, split.after(source), scale, p_scale)
+        loss_during = self.loss(low, split.during(source), scale, p_scale)
+        # Against keeping the split: the horizon at the new split's loss instead of the old
+        # one's, except the drain, which runs at the during-split's loss.
+        gain = horizon_s * (loss_before - loss_after)
+        cost = drain * max(0.0, loss_during - loss_after)
         peak, left = d.burst, split.after(source)
         if source is Role.DECODE:
             # A prefill pool still over capacity after the switch hands its excess to the
@@ -252,10 +454,23 @@ class CapacityModel:
             bound = scale
             if observed_decode is None and p_scale * self.prefill_ratio(peak, left.n_prefill) >= 1:
                 bound = MAX_SCALE
-            donor = bound * self.decode_ratio(peak, left.n_decode)
+            queued = self.prefill_wait(peak, left.n_prefill, p_scale)
+            donor = bound * self.decode_ratio(peak, left.n_decode, queued)
         else:
             donor = p_scale * self.prefill_ratio(peak, left.n_prefill)
-        return Forecast(before, after, during, drain, gain, cost, donor)
+        return Forecast(
+            before,
+            after,
+            during,
+            drain,
+            gain,
+            cost,
+            donor,
+            loss_before,
+            loss_after,
+            loss_during,
+            low.rate * horizon_s,
+        )
 
 
 #: Observed decode pressure at or above this is censored (DPI_adm cannot exceed 1; the excess
@@ -311,6 +526,8 @@ class DemandWindow:
     _prompt: float = 0.0
     _output: float = 0.0
     _prefill_s: float = 0.0
+    _prefill_s2: float = 0.0
+    _output2: float = 0.0
 
     def add(self, t: float, prompt: int, output: int) -> None:
         pre = float(self.prefill.time(float(prompt)))
@@ -318,6 +535,8 @@ class DemandWindow:
         self._prompt += prompt
         self._output += output
         self._prefill_s += pre
+        self._prefill_s2 += pre * pre
+        self._output2 += float(output) * output
         if self._first is None:
             self._first = t
         index = float(math.floor(t / self.bin_s))
@@ -347,6 +566,8 @@ class DemandWindow:
             self._prompt -= p
             self._output -= o
             self._prefill_s -= pre
+            self._prefill_s2 -= pre * pre
+            self._output2 -= float(o) * o
         n = len(items)
         if n == 0 or self._first is None:
             return Demand(0.0, 0.0, 0.0, 0.0)
@@ -361,6 +582,9 @@ class DemandWindow:
             n,
             seen >= self.window_s,
             self.peak_rate(now),
+            max(0.0, self._prefill_s2 / n),
+            min(seen, self.window_s),
+            max(0.0, self._output2 / n),
         )
 
 
@@ -378,6 +602,7 @@ def clearly_worth(f: Forecast, margin: float) -> bool:
     return (
         f.gain > 0
         and f.gain >= (1.0 + margin) * f.cost
-        and f.after <= f.before * (1 - margin)
+        and f.loss_after <= f.loss_before * (1 - margin)
+        and f.saved >= max(1.0, f.noise)
         and f.donor_after < 1.0
     )

@@ -158,7 +158,10 @@ def best_capacity_rate(model: CapacityModel, w: Workload, workers: int) -> float
 
     def ok(rate: float) -> bool:
         d = replace(base, rate=rate)
-        return any(model.bottleneck(d, Split(p, workers - p)) <= 1.0 for p in range(1, workers))
+        return any(
+            model.bottleneck(d, Split(p, workers - p), reservations=False) <= 1.0
+            for p in range(1, workers)
+        )
 
     lo, hi = 0.0, 1.0
     while ok(hi) and hi < 1e6:

@@ -21,9 +21,12 @@ from fluidpd.core.policy_forecast import (
     CapacityModel,
     Demand,
     DemandWindow,
+    Forecast,
     Split,
     clearly_worth,
+    poisson_tail,
     prefill_headroom,
+    prefill_miss,
 )
 from fluidpd.core.scheduler.worker import Worker
 from fluidpd.core.types import SLO, Request, Role, RoleState
@@ -259,7 +262,7 @@ def test_uncalibrated_donor_of_a_switch_that_leaves_prefill_overloaded_must_hold
     d = demand(6.0, 8500, 100)
     split = Split(2, 2)
     assert MODEL.prefill_ratio(d.burst, 3) >= 1.0
-    donor = MODEL.decode_ratio(d.burst, 1)
+    donor = MODEL.decode_ratio(d.burst, 1, MODEL.prefill_wait(d.burst, 3))
     assert donor < 1.0 <= MAX_SCALE * donor
     calibrated = MODEL.forecast(d, split, Role.DECODE, CFG.horizon_s, True, 0.1, 3.0)
     unsettled = MODEL.forecast(d, split, Role.DECODE, CFG.horizon_s, True, None, 3.0)
@@ -269,4 +272,99 @@ def test_uncalibrated_donor_of_a_switch_that_leaves_prefill_overloaded_must_hold
     light = demand(3.0, 8500, 100)
     assert MODEL.prefill_ratio(light.burst, 3) < 1.0
     f = MODEL.forecast(light, split, Role.DECODE, CFG.horizon_s, True, None, 0.9)
-    assert math.isclose(f.donor_after, MODEL.decode_ratio(light.burst, 1))
+    queued = MODEL.prefill_wait(light.burst, 3)
+    assert math.isclose(f.donor_after, MODEL.decode_ratio(light.burst, 1, queued))
+
+
+def test_headroom_shrinks_with_the_spread_of_prefill_times() -> None:
+    # Without spread (E[T^2] = E[T]^2) the M/G/1 headroom is the M/D/1 one.
+    assert math.isclose(prefill_headroom(0.5, 2.0, 0.5), prefill_headroom(0.5, 2.0))
+    assert math.isclose(prefill_headroom(0.5, 2.0), 2 * 1.5 / (2 * 2.0 - 0.5))
+    assert prefill_headroom(0.5, 2.0, 1.0) < prefill_headroom(0.5, 2.0, 0.6)
+    spread = Demand(2.0, 8000, 300, 0.5, 500, True, prefill_s2=0.5)
+    plain = Demand(2.0, 8000, 300, 0.5, 500, True)
+    assert MODEL.prefill_ratio(spread, 2) > MODEL.prefill_ratio(plain, 2)
+
+
+@given(busy=st.floats(0.0, 0.999), budget=st.floats(0.01, 5.0), residual=st.floats(0.01, 5.0))
+def test_prefill_miss_grows_smoothly_with_the_load(
+    busy: float, budget: float, residual: float
+) -> None:
+    m = prefill_miss(busy, budget, residual)
+    assert 0.0 <= m <= busy
+    assert prefill_miss(min(0.9999, busy + 0.05), budget, residual) >= m
+    assert prefill_miss(busy, budget * 2, residual) <= m
+    assert prefill_miss(1.0, budget, residual) == 1.0
+    # At the headroom the mean wait is the budget, and a share rho e^-rho of prompts misses.
+    rho = 2 * budget / (2 * budget + residual)
+    assert math.isclose(prefill_miss(rho, budget, residual), rho * math.exp(-rho))
+
+
+def test_poisson_tail_is_a_probability() -> None:
+    assert poisson_tail(0.0, 10) == 0.0
+    assert poisson_tail(100.0, 50) > 0.99 and poisson_tail(50.0, 100) < 1e-6
+    assert 0.4 < poisson_tail(100.0, 100) < 0.6
+
+
+def test_requests_waiting_for_prefill_hold_decode_kv() -> None:
+    d = demand(2.0, 8000, 300)
+    assert MODEL.decode_ratio(d, 2, 5.0) > MODEL.decode_ratio(d, 2)
+    # The wait grows with the prefill load, and is the TTFT budget at most.
+    assert MODEL.prefill_wait(d, 3) < MODEL.prefill_wait(d, 2) <= SLO_.ttft - d.prefill_s
+    assert MODEL.prefill_wait(d, 1) == SLO_.ttft - d.prefill_s
+
+
+def test_widely_spread_work_widens_the_rate_bounds() -> None:
+    even = Demand(10.0, 1000, 100, 0.1, 100, True, output2=100.0**2)
+    spread = Demand(10.0, 1000, 100, 0.1, 100, True, output2=4 * 100.0**2)
+    assert spread.spread == 4.0 and even.spread == 1.0
+    assert math.isclose(spread.rate_error, 2 * even.rate_error)
+
+
+def test_a_saving_inside_the_noise_of_the_misses_is_refused() -> None:
+    base = Forecast(0.5, 0.4, 0.5, 1.0, 12.0, 0.0, 0.5, 0.2, 0.1, 0.2, 10.0)
+    # 12 loss-seconds over a 120 s horizon: 0.1 of 10 arrivals = 1 request saved, against a
+    # standard deviation of sqrt(0.2 * 10) = 1.4 requests missed anyway.
+    assert base.saved < base.noise and not clearly_worth(base, 0.1)
+    clear = Forecast(0.5, 0.4, 0.5, 1.0, 12.0, 0.0, 0.5, 0.2, 0.1, 0.2, 1000.0)
+    assert clear.saved > clear.noise and clearly_worth(clear, 0.1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rate=st.floats(0.1, 8.0),
+    prompt=st.floats(2000.0, 16000.0),
+    output=st.floats(10.0, 1500.0),
+    ppi=st.floats(0.0, 0.6),
+    n_p=st.integers(1, 4),
+    n_d=st.integers(1, 4),
+)
+def test_the_forecast_proposes_only_switches_that_clearly_win(
+    rate: float, prompt: float, output: float, ppi: float, n_p: int, n_d: int
+) -> None:
+    # Pressure that eqs. (22)-(23) see nothing in: any switch comes from the forecast itself,
+    # and then only one that clearly wins (and keeps its donor within capacity).
+    policy = FluidRolePolicy(CFG, MODEL)
+    d = demand(rate, prompt, output)
+    decision = policy.observe(0.0, fleet(n_p, n_d, ppi, 0.05, 0.05), d)
+    if isinstance(decision, SwitchDecision):
+        f = decision.forecast
+        assert f is not None and clearly_worth(f, CFG.gain_margin)
+        assert f.saved >= f.noise and f.donor_after < 1.0 and f.loss_after < f.loss_before
+    else:
+        split = Split(n_p, n_d)
+        for source, pool in ((Role.DECODE, n_d), (Role.PREFILL, n_p)):
+            if pool > 1:
+                f = MODEL.forecast(d, split, source, CFG.horizon_s, True, 0.05, ppi)
+                assert not clearly_worth(f, CFG.gain_margin)
+
+
+def test_a_within_capacity_split_that_misses_deadlines_is_rebalanced() -> None:
+    # 2.2 req/s of 8K prompts on 2P2D: prefill is within its headroom (PPI-bar 0.5, eq. 22
+    # proposes nothing) but the spread of its queue misses a share of TTFTs; one decode worker
+    # carries the streams.
+    d = Demand(2.2, 8000, 300, float(MODEL.prefill.time(8000)), 2000, True)
+    assert MODEL.prefill_ratio(d, 2) < 1.0
+    policy = FluidRolePolicy(CFG, MODEL)
+    decision = policy.observe(0.0, fleet(2, 2, 0.5, 0.1, 0.1), d)
+    assert isinstance(decision, SwitchDecision) and decision.source is Role.DECODE
