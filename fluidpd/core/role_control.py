@@ -55,6 +55,8 @@ class RoleControl:
 
     policy: FluidRolePolicy
     demand: DemandWindow | None
+    #: The demand the last observation decided on (None without a demand window).
+    last_demand: Demand | None = None
 
     @classmethod
     def create(
@@ -95,6 +97,7 @@ class RoleControl:
         demand = None
         if self.demand is not None:
             demand = self.demand.demand(now) if demand_current else UNKNOWN_DEMAND
+        self.last_demand = demand
         return self.policy.observe(now, signals, demand)
 
 
