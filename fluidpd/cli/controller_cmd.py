@@ -8,10 +8,25 @@ import signal
 from typing import TYPE_CHECKING, Any
 
 from fluidpd.cli.errors import UserError
-from fluidpd.cli.options import add_service_options, configure_logging, positive_int
-from fluidpd.cli.policy_options import add_fluidrole_options, fluidrole_config
+from fluidpd.cli.options import (
+    GPU_HELP,
+    MODEL_HELP,
+    PROFILE_HELP,
+    add_service_options,
+    configure_logging,
+    positive_int,
+)
+from fluidpd.cli.policy_options import (
+    add_fluidrole_options,
+    add_slo_options,
+    fluidrole_config,
+    slo_config,
+)
 from fluidpd.cli.router_cmd import parse_workers
 from fluidpd.core.fluidrole import FluidRoleConfig
+from fluidpd.core.profile import Profile
+from fluidpd.core.types import SLO
+from fluidpd.profiles import resolve_profile
 
 if TYPE_CHECKING:
     from fluidpd.controller.metrics import DeploymentMetrics
@@ -23,7 +38,9 @@ def add_parser(sub: Any) -> None:
         help="run the FluidRole controller against running sidecars",
         description="Polls each sidecar's /pressure, runs the FluidRole policy and switches "
         "workers in place with POST /role. Workers come from --router (its worker set) or "
-        "--worker.",
+        "--worker. The predictive switch rule (the default) forecasts from the router's "
+        "arrivals (GET /admin/arrivals), the workers' profile (--model/--gpu or --profile) and "
+        "the SLO, as the simulator does; without --router it decides as the paper rule.",
     )
     p.add_argument("--router", default=None, help="router URL; its worker set is used")
     p.add_argument(
@@ -46,6 +63,10 @@ def add_parser(sub: Any) -> None:
         metavar="NAMESPACE/NAME",
         help="the deployment the metrics are labelled with (default local/fluidpd)",
     )
+    p.add_argument("--model", default="llama-3.1-8b", help=MODEL_HELP)
+    p.add_argument("--gpu", default="a100-80gb", help=GPU_HELP)
+    p.add_argument("--profile", default=None, help=PROFILE_HELP)
+    add_slo_options(p)
     add_fluidrole_options(p)
     add_service_options(p, "info")
     p.set_defaults(func=run)
@@ -56,6 +77,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("give --router or at least one --worker")
     static = parse_workers(args.worker)
     cfg = fluidrole_config(args)
+    slo = slo_config(args)
+    profile = resolve_profile(args.model, args.gpu, args.profile)
     configure_logging(args.log_level, "controller")
     namespace, _, name = args.deployment.partition("/")
     if not namespace or not name:
@@ -69,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         registry = ControllerMetrics()
         metrics = registry.for_deployment(namespace, name)
         start_http_server(args.metrics_port, args.metrics_host, registry=registry.registry)
-    asyncio.run(_main(args.router, static, cfg, args.admin_token or None, metrics))
+    asyncio.run(_main(args.router, static, cfg, args.admin_token or None, metrics, profile, slo))
     return 0
 
 
@@ -79,10 +102,13 @@ async def _main(
     cfg: FluidRoleConfig,
     token: str | None,
     metrics: DeploymentMetrics | None = None,
+    profile: Profile | None = None,
+    slo: SLO | None = None,
 ) -> None:
     import aiohttp
     import orjson
 
+    from fluidpd.controller.demand import DemandFeed
     from fluidpd.controller.loop import FluidRoleController
 
     headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -100,7 +126,10 @@ async def _main(
                 async with session.post(f"{router}/admin/poll", headers=headers):
                     pass
 
-        controller = FluidRoleController(source, cfg, session, token, refresh, metrics)
+        demand = DemandFeed(session, router, headers) if router else None
+        controller = FluidRoleController(
+            source, cfg, session, token, refresh, metrics, profile=profile, slo=slo, demand=demand
+        )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -314,7 +314,11 @@ def run(args: argparse.Namespace) -> int:
         if not ready or stack.dead():
             raise UserError(f"the stack did not come up; see the logs in {run_dir}")
         if mech.fluidrole:
-            ctl = ["controller", "--router", endpoint, *fluidrole_argv(args)]
+            # The workers' profile and the SLO: the predictive rule's capacity model.
+            workers_profile = ModelRef(args.model, args.gpu, args.profile).argv()
+            slo = ["--ttft-slo", str(args.ttft_slo), "--tpot-slo", str(args.tpot_slo)]
+            ctl = ["controller", "--router", endpoint, *workers_profile, *slo]
+            ctl += fluidrole_argv(args)
             ctl += ["--log-level", args.log_level]
             if args.controller_metrics_port:
                 metrics_port = str(args.controller_metrics_port)

@@ -1,9 +1,12 @@
-"""Polls every worker's ``/pressure``, runs the core's FluidRole policy, and carries out its
-decisions through the sidecars' ``POST /role``.
+"""Polls every worker's ``/pressure`` and the router's arrivals, runs the core's FluidRole
+policy, and carries out its decisions through the sidecars' ``POST /role``.
 
-The decision logic is ``fluidpd.core.fluidrole.FluidRolePolicy``; this module only moves data:
-pressure reports in, switch requests out. A worker that does not answer is left out of the
-observation, so a dead worker is never chosen for a switch.
+The decision logic is ``fluidpd.core.fluidrole.FluidRolePolicy``, fed through the core's
+``RoleControl`` exactly as the simulator feeds it (the predictive rule's demand window from
+every arrival, then one observation per interval); this module only moves data: pressure
+reports and arrivals in, switch requests out. A worker that does not answer is left out of the
+observation, so a dead worker is never chosen for a switch; an interval whose arrivals the
+router did not give takes no predictive switch.
 """
 
 from __future__ import annotations
@@ -19,16 +22,19 @@ from typing import Any
 import aiohttp
 import orjson
 
+from fluidpd.controller.demand import DemandFeed
 from fluidpd.controller.metrics import DeploymentMetrics
 from fluidpd.core.fluidrole import (
     FluidRoleConfig,
-    FluidRolePolicy,
     Recommendation,
     SwitchDecision,
     SwitchRule,
     WorkerSignals,
 )
-from fluidpd.core.types import DrainMode, Role, RoleState
+from fluidpd.core.policy_forecast import Forecast
+from fluidpd.core.profile import Profile
+from fluidpd.core.role_control import RoleControl
+from fluidpd.core.types import SLO, DrainMode, Role, RoleState
 
 log = logging.getLogger("fluidpd.controller")
 
@@ -69,13 +75,31 @@ async def post_admin(
 class ControllerEvent:
     t: float
     #: "switch-started", "switch-resumed", "switch-finished", "switch-abandoned",
-    #: "switch-refused", "needs-capacity"
+    #: "switch-refused" (by the sidecar), "switch-declined" (the predictive rule's forecast
+    #: said it does not pay; ``detail`` holds the forecast), "needs-capacity"
     kind: str
     worker: str = ""
     detail: dict[str, Any] = field(default_factory=dict)
 
 
+def forecast_detail(f: Forecast) -> dict[str, Any]:
+    """A forecast as an event's detail (bottleneck ratios, overloaded seconds, drain s)."""
+    return {
+        "before": round(f.before, 4),
+        "after": round(f.after, 4),
+        "during": round(f.during, 4),
+        "donor_after": round(f.donor_after, 4),
+        "gain": round(f.gain, 3),
+        "cost": round(f.cost, 3),
+        "drain_s": round(f.drain_s, 3),
+    }
+
+
 class FluidRoleController:
+    """``profile`` and ``slo`` (the workers' profile and the deployment's SLO) give the
+    predictive rule its capacity model and ``demand`` (the router's arrivals) its demand; the
+    rule needs all three, and without them the controller decides as the paper does."""
+
     def __init__(
         self,
         source: WorkerSource,
@@ -84,17 +108,31 @@ class FluidRoleController:
         token: str | None = None,
         on_change: Callable[[], Awaitable[None]] | None = None,
         metrics: DeploymentMetrics | None = None,
+        *,
+        profile: Profile | None = None,
+        slo: SLO | None = None,
+        demand: DemandFeed | None = None,
     ) -> None:
         self.source = source
         self.cfg = cfg
-        self.policy = FluidRolePolicy(cfg)
+        self.demand = demand
+        self.role = RoleControl.create(cfg, profile, slo, fed=demand is not None)
+        self.policy = self.role.policy
         if cfg.enabled and cfg.switch_rule is SwitchRule.PREDICTIVE:
-            # Said once, so that nobody takes the live rule for the simulator's (issue #14).
-            log.warning(
-                "switch rule 'predictive' needs a demand forecast, which the live router does "
-                "not export yet: this controller decides with eqs. (22)-(23), persistence, "
-                "cooldowns and the switch budget (as --switch-rule paper)"
-            )
+            # Said once, so that nobody takes the live rule for another (issue #14).
+            if self.role.predictive:
+                log.info(
+                    "switch rule 'predictive': forecasts from the router's arrivals and the "
+                    "profile's predictors, as the simulator"
+                )
+            else:
+                missing = "the router's arrivals" if profile and slo else "a profile and SLO"
+                log.warning(
+                    "switch rule 'predictive' needs %s, which this controller was not given: "
+                    "it decides with eqs. (22)-(23), persistence, cooldowns and the switch "
+                    "budget (as --switch-rule paper)",
+                    missing,
+                )
         self.session = session
         self.headers = {"content-type": "application/json"}
         if token:
@@ -119,6 +157,8 @@ class FluidRoleController:
         for role in Role:
             m.worker_count(role, sum(1 for r in self.reports.values() if r["role"] == role.value))
         m.pressure(self.policy.last_pressure)
+        if self.role.last_demand is not None:
+            m.demand(self.role.last_demand)
 
     @property
     def in_flight(self) -> tuple[str, Role] | None:
@@ -128,9 +168,24 @@ class FluidRoleController:
     async def _pressure(self, wid: str, url: str) -> dict[str, Any] | None:
         return await fetch_pressure(self.session, url)
 
+    async def _arrivals(self) -> bool:
+        """Feeds the arrivals since the last interval to the demand window; False when the
+        router did not give them (this interval's demand is then incomplete)."""
+        if self.demand is None:
+            return True
+        arrivals = await self.demand.read()
+        if arrivals is None:
+            return False
+        for a in arrivals:
+            self.role.arrived(a.t, a.prompt, a.output)
+        return True
+
     async def step(self) -> SwitchDecision | Recommendation:
         workers = await self.source()
-        results = await asyncio.gather(*(self._pressure(w, u) for w, u in workers.items()))
+        results, current = await asyncio.gather(
+            asyncio.gather(*(self._pressure(w, u) for w, u in workers.items())),
+            self._arrivals(),
+        )
         self.reports = {r["worker"]: r for r in results if r is not None}
         now = time.time()
         signals = [
@@ -146,7 +201,13 @@ class FluidRoleController:
             for r in self.reports.values()
         ]
         await self._track_switch(now)
-        decision = self.policy.observe(now, signals)
+        refused = self.policy.refused
+        decision = self.role.observe(now, signals, current)
+        if self.policy.refused > refused and self.policy.last_forecast is not None:
+            detail: dict[str, Any] = forecast_detail(self.policy.last_forecast)
+            detail["direction"] = self.policy.last_recommendation.value
+            self._event(ControllerEvent(now, "switch-declined", "", detail))
+            log.info("switch declined by the forecast: %s", detail)
         self._observed(decision)
         if isinstance(decision, SwitchDecision):
             await self._start_switch(decision, now)
@@ -223,7 +284,7 @@ class FluidRoleController:
         self._switching = (d.worker, d.target)
         p = d.pressure
         log.info(  # the pool pressure that decided it, so an operator can tell why
-            "switch %s %s -> %s (%s drain): PPI %.2f, DPI_load %.2f, DPI_adm %.2f, %dP%dD",
+            "switch %s %s -> %s (%s drain): PPI %.2f, DPI_load %.2f, DPI_adm %.2f, %dP%dD%s",
             d.worker,
             d.source.value,
             d.target.value,
@@ -233,15 +294,17 @@ class FluidRoleController:
             p.dpi_adm_bar,
             p.n_prefill,
             p.n_decode,
+            f", forecast {forecast_detail(d.forecast)}" if d.forecast else "",
         )
-        self._event(
-            ControllerEvent(
-                now,
-                "switch-started",
-                d.worker,
-                {"from": d.source.value, "to": d.target.value, "drain": d.drain_mode.value},
-            )
-        )
+        started: dict[str, Any] = {
+            "from": d.source.value,
+            "to": d.target.value,
+            "drain": d.drain_mode.value,
+            "undo": d.undo,
+        }
+        if d.forecast is not None:
+            started["forecast"] = forecast_detail(d.forecast)
+        self._event(ControllerEvent(now, "switch-started", d.worker, started))
         if self.on_change:
             await self.on_change()
 

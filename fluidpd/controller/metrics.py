@@ -1,6 +1,7 @@
 """Prometheus metrics of the FluidRole controller: what it decided each interval, the switches
-it started and finished (with their drain time), the pool pressure it acted on, and how often
-it found that the deployment needs more capacity (both phases pressured).
+it started and finished (with their drain time) and those its forecast declined, the pool
+pressure and the demand it acted on, and how often it found that the deployment needs more
+capacity (both phases pressured).
 
 One ``ControllerMetrics`` (one registry) serves any number of deployments: every series carries
 ``fluidpd_namespace`` and ``fluidpd_deployment`` (the FluidPDDeployment, or ``fluidpd up``'s
@@ -13,6 +14,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from fluidpd.core.fluidrole import PoolPressure, Recommendation, SwitchDecision
+from fluidpd.core.policy_forecast import Demand
+from fluidpd.core.role_control import UNKNOWN_DEMAND
 from fluidpd.core.types import Role
 
 #: Event kinds of ``ControllerEvent``; every one is a series from the start.
@@ -21,10 +24,16 @@ EVENT_KINDS = (
     "switch-resumed",
     "switch-finished",
     "switch-refused",
+    "switch-declined",
     "switch-abandoned",
     "needs-capacity",
 )
 _DEPLOYMENT = ["fluidpd_namespace", "fluidpd_deployment"]
+
+
+def demand_signals(d: Demand) -> tuple[tuple[str, float], ...]:
+    """The demand gauge's series (``signal`` label) and values."""
+    return (("rate", d.rate), ("prompt", d.prompt), ("output", d.output), ("samples", d.samples))
 
 
 class ControllerMetrics:
@@ -63,6 +72,14 @@ class ControllerMetrics:
             [*_DEPLOYMENT, "signal"],
             registry=self.registry,
         )
+        self.demand = Gauge(
+            "fluidpd_controller_demand",
+            "The demand the predictive rule read in the last interval (the router's arrivals "
+            "over the demand window): rate (requests/s), prompt and output (mean tokens), "
+            "samples (arrivals)",
+            [*_DEPLOYMENT, "signal"],
+            registry=self.registry,
+        )
         self.workers = Gauge(
             "fluidpd_controller_workers",
             "Workers that answered the last pressure poll, by role",
@@ -89,6 +106,7 @@ class DeploymentMetrics:
         for role in Role:
             m.workers.labels(*self.key, role.value).set(0)
         self.pressure(PoolPressure(0.0, 0.0, 0.0))
+        self.demand(UNKNOWN_DEMAND)
 
     def decided(self, decision: SwitchDecision | Recommendation) -> None:
         if isinstance(decision, SwitchDecision):
@@ -111,6 +129,10 @@ class DeploymentMetrics:
         self.m.pool_pressure.labels(*self.key, "dpi_load").set(p.dpi_load_bar)
         self.m.pool_pressure.labels(*self.key, "dpi_adm").set(p.dpi_adm_bar)
 
+    def demand(self, d: Demand) -> None:
+        for signal, value in demand_signals(d):
+            self.m.demand.labels(*self.key, signal).set(value)
+
     def worker_count(self, role: Role, n: int) -> None:
         self.m.workers.labels(*self.key, role.value).set(n)
 
@@ -126,3 +148,5 @@ class DeploymentMetrics:
             self.m.workers.remove(*self.key, role.value)
         for signal in ("ppi", "dpi_load", "dpi_adm"):
             self.m.pool_pressure.remove(*self.key, signal)
+        for signal, _ in demand_signals(UNKNOWN_DEMAND):
+            self.m.demand.remove(*self.key, signal)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
+import time
 from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter, HTTPException, Query
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
+from fluidpd.api.demand import ArrivalsReport
 from fluidpd.api.http import bearer_gate
 from fluidpd.router.context import RouterContext
 
@@ -60,6 +62,25 @@ def routes(ctx: RouterContext) -> APIRouter:
     @router.get("/stats")
     async def stats() -> dict[str, Any]:
         return workers.stats()
+
+    @router.get(
+        "/arrivals",
+        responses={400: {"description": "after is not a non-negative integer"}},
+    )
+    async def arrivals(
+        after: Annotated[
+            int | None,
+            Query(ge=0, description="the next of the previous answer (omitted: all kept)"),
+        ] = None,
+        epoch: Annotated[
+            str | None,
+            Query(max_length=64, description="the epoch of the previous answer"),
+        ] = None,
+    ) -> ArrivalsReport:
+        """The client requests that arrived after ``after`` (the controller's demand feed)."""
+        # A cursor of another router process (it restarted) means nothing here.
+        cursor = None if epoch is not None and epoch != ctx.epoch else after
+        return ArrivalsReport.of(ctx.arrivals.since(cursor), ctx.epoch, time.time())
 
     @router.post("/poll")
     async def poll_now() -> dict[str, Any]:

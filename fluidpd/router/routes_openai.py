@@ -99,6 +99,8 @@ class _Server:
         body: CompletionRequest | ChatCompletionRequest,
     ) -> Response:
         job = Job(prompt_ids, sampling.model_dump(), time.time())
+        # Counted once per client request (a re-pairing is not a new arrival), as the simulator.
+        self.ctx.arrivals.add(job.arrival, len(prompt_ids), sampling.max_new_tokens)
         rid = f"{'chatcmpl' if api == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         reply = Reply(
             api, rid, int(job.arrival), body.model, sampling.wants_logprobs, len(prompt_ids),

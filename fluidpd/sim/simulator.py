@@ -28,13 +28,13 @@ from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
-from fluidpd.core.fluidrole import FluidRoleConfig, FluidRolePolicy, SwitchDecision
+from fluidpd.core.fluidrole import FluidRoleConfig, SwitchDecision
 from fluidpd.core.fluidtoken import FluidTokenConfig
 from fluidpd.core.migration import plan_migration
 from fluidpd.core.pairing import LeastLoadedPairing, Pairing, RoundRobinPairing
-from fluidpd.core.policy_forecast import CapacityModel, DemandWindow
 from fluidpd.core.profile import Profile
 from fluidpd.core.repair import drain_releases_reserved, release_asks
+from fluidpd.core.role_control import RoleControl
 from fluidpd.core.scheduler.decode import DecodeBatch
 from fluidpd.core.scheduler.messages import (
     Finished,
@@ -51,10 +51,6 @@ from fluidpd.core.step_times import StepTimes
 from fluidpd.core.types import SLO, DrainMode, Request, Role, RoleState
 from fluidpd.sim.policies import AutoscaleConfig, Mechanisms
 from fluidpd.sim.workloads import Workload
-
-#: Window of the demand the controller's forecast reads (a 120 s window, to leave more of
-#: each burst to FluidToken, cost 1.5-8 pp on azure-staged and long-chat-bursty).
-DEMAND_WINDOW_S = 60.0
 
 #: Longest run of decode iterations simulated as one event (bounds the per-event arrays).
 MAX_SPAN = 4096
@@ -171,11 +167,11 @@ class Simulator:
         self.pairing: Pairing = self._make_pairing(cfg.pairing)
         # The policy also runs (disabled) under other mechanisms: its pool pressure feeds the
         # time series and the autoscale baseline.
-        self.role_policy = FluidRolePolicy(
-            replace(cfg.role_cfg, enabled=cfg.mechanisms.fluidrole),
-            CapacityModel.from_profile(cfg.profile, cfg.slo),
+        # The same policy and demand glue as the live controller's (``RoleControl``).
+        self.role_control = RoleControl.create(
+            replace(cfg.role_cfg, enabled=cfg.mechanisms.fluidrole), cfg.profile, cfg.slo
         )
-        self._demand = DemandWindow(cfg.profile.prefill_predictor(), DEMAND_WINDOW_S)
+        self.role_policy = self.role_control.policy
         self._drain_started: dict[str, float] = {}
         self.switches: list[RoleSwitch] = []
         self.scale_outs: list[dict[str, object]] = []
@@ -441,7 +437,7 @@ class Simulator:
             self._sync(w)
         n_prefill = max(1, len(self.pool(Role.PREFILL)))
         signals = [w.pressure(self.now, n_prefill).signals() for w in self.workers.values()]
-        decision = self.role_policy.observe(self.now, signals, self._demand.demand(self.now))
+        decision = self.role_control.observe(self.now, signals)
         if isinstance(decision, SwitchDecision) and self.cfg.mechanisms.fluidrole:
             self.begin_switch(decision.worker, decision.target, decision.drain_mode)
         if self.cfg.mechanisms.autoscale:
@@ -526,7 +522,7 @@ class Simulator:
             elif kind == _ARRIVE:
                 assert isinstance(a, Request)
                 self._waiting_first.append(a)
-                self._demand.add(t, a.prompt_len, a.max_new_tokens)
+                self.role_control.arrived(t, a.prompt_len, a.max_new_tokens)
                 self._dispatch(a)
             elif kind == _HANDOFF_DONE:
                 assert isinstance(a, Handoff)
