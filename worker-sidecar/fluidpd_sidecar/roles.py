@@ -7,8 +7,15 @@ from __future__ import annotations
 import logging
 import time
 
-from fluidpd.api.internal import Abort, DecodeEvent, RetireRequest, RoleRequest, RoleStatus
-from fluidpd.core.types import Role, RoleState
+from fluidpd.api.internal import (
+    Abort,
+    DecodeEvent,
+    DrainReport,
+    RetireRequest,
+    RoleRequest,
+    RoleStatus,
+)
+from fluidpd.core.types import DrainMode, Role, RoleState
 from fluidpd_sidecar.errors import Conflict
 from fluidpd_sidecar.migration import Migration
 from fluidpd_sidecar.peers import PeerError
@@ -29,7 +36,12 @@ class Roles(Migration):
             since=sm.since,
             switches=self.switches,
             retiring=sm.retiring,
+            last_drain=self._last_drain,
         )
+
+    def _new_drain_report(self, source: Role, drain: DrainMode) -> None:
+        if source is Role.DECODE and drain is DrainMode.MIGRATE:
+            self._drain_report = self._last_drain = DrainReport()
 
     def request_role(self, body: RoleRequest) -> RoleStatus:
         w = self.worker
@@ -44,6 +56,7 @@ class Roles(Migration):
         w.begin_switch(body.role, time.time(), body.drain)
         self._migrate_to = [u for u in body.migrate_to if u.rstrip("/") != self.cfg.url.rstrip("/")]
         self._drain_started = time.time()
+        self._new_drain_report(source, body.drain)
         self._dispatch()
         if source is Role.DECODE:
             self._spawn(self._release_reserved())
@@ -64,6 +77,8 @@ class Roles(Migration):
         w.begin_retire(now, body.drain)
         self._retire_until = now + body.return_after_s if body.return_after_s else float("inf")
         self._migrate_to = [u for u in body.migrate_to if u.rstrip("/") != self.cfg.url.rstrip("/")]
+        self._drain_started = now
+        self._new_drain_report(w.role, body.drain)
         self._dispatch()
         if w.role is Role.DECODE:
             self._spawn(self._release_reserved())
@@ -124,3 +139,9 @@ class Roles(Migration):
         drain_s = finished - self._drain_started
         self.metrics.switched(source, target, drain_s)
         log.info("switch %s -> %s done in %.3f s", source.value, target.value, drain_s)
+        report = self._drain_report
+        if source is Role.DECODE and self._last_drain is report:
+            report.drain_s = round(drain_s, 4)
+            # Moves still copying go on after the switch (their KV pages stay until sent);
+            # the record keeps counting them (``last_activated_s``).
+            log.info("drain migrate: %s", report.model_dump_json())
