@@ -273,6 +273,10 @@ def test_operator_killed_mid_drain_completes_the_switch(
          "subPath must be a relative path without '..'"),
         ({"engine": {"backend": "gpu", "kvTransfer": "sim"}},
          "engine.kvTransfer: the gpu backend hands off real KV; use shm or mooncake"),
+        ({"engine": {"backend": "sim", "kvTransfer": "cuda-ipc"}},
+         "engine.kvTransfer: cuda-ipc needs backend gpu"),
+        ({"engine": {"backend": "gpu", "kvTransfer": "cuda-ipc", "hostNamespaces": False}},
+         "engine.kvTransfer: cuda-ipc needs hostNamespaces"),
     ],
 )  # fmt: skip
 def test_invalid_objects_are_rejected(
@@ -294,6 +298,27 @@ def test_examples_are_valid_for_the_api_server(
         "apply", "--dry-run=server", "-n", namespace, "-f", str(ROOT / "examples" / example)
     ).stdout
     assert "fluidpddeployment.fluidpd.io/" in out and "(server dry run)" in out, out
+
+
+def test_cuda_ipc_worker_pods_get_the_nodes_ipc_and_pid_namespaces(
+    control_plane: ControlPlane, operator: Operator, namespace: str
+) -> None:
+    """``kvTransfer: cuda-ipc``: the API server stores worker pods with hostIPC and hostPID (the
+    workers open each other's CUDA IPC handles and check each other's pids). No GPU here: the
+    pods' sidecars cannot start; only the objects the operator made are checked."""
+    cp, ns, name = control_plane, namespace, "ipc"
+    apply(cp, ns, deployment(name, workers=2, prefill=1,
+                             engine={"backend": "gpu", "kvTransfer": "cuda-ipc"}))  # fmt: skip
+
+    def two() -> list[dict[str, Any]] | None:
+        pods = worker_pods(cp, ns, name)
+        return pods if len(pods) == 2 else None
+
+    pods = wait_for(two, timeout=90, what="the operator to create 2 worker pods")
+    for pod in pods:
+        assert (pod["spec"].get("hostIPC"), pod["spec"].get("hostPID")) == (True, True), pod
+        args = pod["spec"]["containers"][0]["args"]
+        assert args[args.index("--kv-transfer") + 1] == "cuda-ipc"
 
 
 def test_workers_use_the_profile_config_map(

@@ -164,12 +164,59 @@ class Adopt(_Model):
     #: penalties, detokenization and stop-string matching from them.
     output_ids: list[int]
     first_token_t: float
+    #: The source offers its KV to be read in place (its transport's ``peer_view``): a target
+    #: whose transport can read it reserves no arena room, answers ``kv_pull``, and loads the
+    #: KV during ``activate``. Otherwise the target reserves room and the source writes into it.
+    kv_pull: bool = False
 
     @model_validator(mode="after")
     def _lengths(self) -> Adopt:
         if len(self.output_ids) != self.generated:
             raise ValueError(f"output_ids: {len(self.output_ids)} ids for {self.generated}")
         return self
+
+
+class Activate(_Model):
+    """Drain ``migrate``: an adopted request's KV is ready, and the target takes it over. With
+    ``kv_nbytes`` the target reads the KV in the source's staging slot (``kv_session`` and
+    ``kv_addr`` there) before it answers; the source frees the slot after the answer."""
+
+    rid: int = Field(ge=0, le=MAX_RID)
+    reason: str = "migrated"
+    kv_session: str | None = Field(default=None, max_length=4096)
+    kv_addr: int = Field(default=0, ge=0)
+    kv_nbytes: int = Field(default=0, ge=0)
+
+
+class DrainReport(_Model):
+    """Where the last decode drain ``migrate`` spent its time (``GET /role``): seconds from the
+    drain's start, summed over requests for the per-request phases."""
+
+    #: Requests moved to a peer / finished here / refused by a peer (retried later).
+    moved: int = 0
+    finished_here: int = 0
+    refused: int = 0
+    failed: int = 0
+    #: Times the plan was made (each after a decode step of the requests still here).
+    rounds: int = 0
+    #: Drain start to the first adoption sent; to the last request out of the batch; to the
+    #: last request taken over by its peer (its KV loaded there); to the switch done.
+    first_adopt_s: float = 0.0
+    last_detached_s: float = 0.0
+    last_activated_s: float = 0.0
+    drain_s: float = 0.0
+    #: Summed per-request phases: adoption round trips, waiting for staging room and exporting
+    #: the KV (engine job), the transport's copy (push only), the peer's activation (with pull:
+    #: its load of the KV).
+    adopt_s: float = 0.0
+    export_s: float = 0.0
+    send_s: float = 0.0
+    activate_s: float = 0.0
+    #: The slowest single move (export to activated).
+    max_move_s: float = 0.0
+    #: Bytes of KV moved; whether they were pulled by the peers.
+    kv_bytes: int = 0
+    pulled: bool = False
 
 
 class RoleRequest(_Model):
@@ -197,9 +244,16 @@ class RoleStatus(_Model):
     since: float
     switches: int = 0
     retiring: bool = False
+    last_drain: DrainReport | None = None
 
     @classmethod
-    def of(cls, worker: str, sm: RoleStateMachine, switches: int) -> RoleStatus:
+    def of(
+        cls,
+        worker: str,
+        sm: RoleStateMachine,
+        switches: int,
+        last_drain: DrainReport | None = None,
+    ) -> RoleStatus:
         """A worker's answer from its role state machine (every engine's sidecar)."""
         return cls(
             worker=worker,
@@ -209,6 +263,7 @@ class RoleStatus(_Model):
             since=sm.since,
             switches=switches,
             retiring=sm.retiring,
+            last_drain=last_drain,
         )
 
 

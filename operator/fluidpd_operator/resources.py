@@ -200,6 +200,9 @@ def worker_pod(
         "automountServiceAccountToken": False,
         "securityContext": {"runAsNonRoot": True, "runAsUser": 10001, "fsGroup": 10001},
     }
+    if spec.engine.needs_host_namespaces():
+        pod_spec["hostIPC"] = True
+        pod_spec["hostPID"] = True
     volumes, mounts = _model_volumes(spec)
     if volumes:
         container["volumeMounts"] = mounts

@@ -85,7 +85,12 @@ class EngineSpec(_Spec):
     args: list[str] = Field(default_factory=list)
     port: int = 8100
     #: None: the backend's default (``transfer()``).
-    kv_transfer: Literal["sim", "shm", "mooncake"] | None = Field(None, alias="kvTransfer")
+    kv_transfer: Literal["sim", "shm", "mooncake", "cuda-ipc"] | None = Field(
+        None, alias="kvTransfer"
+    )
+    #: The worker pods join the node's IPC and PID namespaces (``hostIPC``, ``hostPID``). None:
+    #: only when ``kvTransfer`` is ``cuda-ipc``, which needs both (see ``needs_host_namespaces``).
+    host_namespaces: bool | None = Field(None, alias="hostNamespaces")
     resources: dict[str, Any] | None = None
 
     @model_validator(mode="after")
@@ -94,7 +99,23 @@ class EngineSpec(_Spec):
             raise ValueError(
                 "engine.kvTransfer: the gpu backend hands off real KV; use shm or mooncake"
             )
+        if self.kv_transfer == "cuda-ipc" and self.backend != "gpu":
+            raise ValueError("engine.kvTransfer: cuda-ipc needs backend gpu")
+        if self.kv_transfer == "cuda-ipc" and self.host_namespaces is False:
+            raise ValueError(
+                "engine.kvTransfer: cuda-ipc needs hostNamespaces (worker pods must see each "
+                "other's CUDA IPC handles and pids)"
+            )
         return self
+
+    def needs_host_namespaces(self) -> bool:
+        """``cuda-ipc`` opens a peer process's GPU memory by its IPC handle (the container
+        runtimes' CUDA IPC needs a shared IPC namespace, as ``docker --ipc=host``) and checks the
+        peer is alive by its pid and start time in ``/proc`` (a shared PID namespace): worker
+        pods are separate pods, so both are the node's."""
+        if self.host_namespaces is not None:
+            return self.host_namespaces
+        return self.transfer() == "cuda-ipc"
 
     def transfer(self) -> str:
         """The sidecar's ``--kv-transfer``: as given, else modelled time for the sim backend and

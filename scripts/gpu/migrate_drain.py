@@ -1,13 +1,15 @@
 """D->P drain ``migrate`` of a decode worker holding N active requests, with real KV (gpu
-engine, shm transport), against the same requests never migrated.
+engine; shm or cuda-ipc transport, as the ``fluidpd up`` arguments say), against the same
+requests never migrated.
 
 A 1P2D stack; phase ``reference`` sends the N*2 requests (greedy, ``--prompt-len``-token
 prompts, ``--max-tokens`` outputs) and nothing switches; phase ``migrate`` sends the same
 requests and, once decode worker w1 holds ``--active`` of them, switches w1 to prefill with
 drain ``migrate`` towards w2. Reports the drain time (the sidecar's own record: drain start to
-Active in the new role), how many requests moved, and whether every output equals its
-reference text. Different batch compositions can flip a bf16 argmax without any migration,
-so a ``control`` phase (the reference again) says how often that happens by itself.
+Active in the new role, and its ``last_drain`` phases: adoption, export, transfer, activation,
+the last request taken over by its peer), how many requests moved, and whether every output
+equals its reference text. Different batch compositions can flip a bf16 argmax without any
+migration, so a ``control`` phase (the reference again) says how often that happens by itself.
 
 ``python scripts/gpu/migrate_drain.py --out X.json -- <extra fluidpd up args>``
 """
@@ -75,6 +77,11 @@ async def phase(stack: LocalStack, model: str, prompts: list[list[int]], max_tok
                       round(p["last_switch_finished"] - p["last_switch_started"], 3),
                       "observed_s": round(time.time() - t0, 3), "t0": t0}  # fmt: skip
         results = await asyncio.gather(*tasks)
+        if switch_at is not None:
+            # The sidecar's own record of where the drain's time went (every move has ended:
+            # all requests answered).
+            role = await get_json(s, f"{stack.workers['w1']}/role")
+            switch["phases"] = role.get("last_drain")
     return {"switch": switch, "results": results}
 
 

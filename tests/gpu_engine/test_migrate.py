@@ -8,10 +8,13 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import torch
 
 from fluidpd.api.sampling import SamplingParams
 from fluidpd.core.scheduler.decode import DecodeBatch
 from fluidpd.core.types import Role
+from fluidpd_sidecar.arena import TransferError
+from fluidpd_sidecar.engine import KVRegion
 from fluidpd_sidecar.gpu.config import SHAPES
 from fluidpd_sidecar.transfer_shm import ShmTransfer
 
@@ -31,9 +34,10 @@ def _jobs() -> list[Job]:
     ]
 
 
-async def _migrated(pd: PD, job: Job, after: int) -> list[int]:
+async def _migrated(pd: PD, job: Job, after: int, pull: bool = False) -> list[int]:
     """Decodes ``job`` on ``pd.dec`` until it has ``after`` tokens, moves it to a third engine
-    (KV through shm, as the sidecar's ``_move`` does) and finishes it there."""
+    (KV through shm, as the sidecar's ``_move`` does: pushed into the target's arena, or
+    ``pull``: read in place from the source's staging slot) and finishes it there."""
     t3 = ShmTransfer(1 << 23)
     other = engine(SHAPES["tiny-llama"], None, Role.DECODE, t3)
     try:
@@ -47,12 +51,17 @@ async def _migrated(pd: PD, job: Job, after: int) -> list[int]:
         await pd.dec.decode_step(DecodeBatch(0, 0, [], 0.0, 0.0))
         assert pd.dec.outputs(job.rid, 0, NEW) == made
         region = await pd.dec.export_decode(job.rid, len(made))
-        dest = t3.reserve(region.nbytes)
-        assert dest is not None
-        await pd.td.send(region.addr, dest, region.nbytes)
-        pd.dec.release(job.rid)
         other.admit(job.rid, job.ids, job.params, [t.id for t in made])
-        other.import_decode(job.rid, t3.view(dest.addr, dest.nbytes))
+        if pull:
+            with t3.peer_view(pd.td.session, region.addr, region.nbytes) as view:
+                await other.load_decode(job.rid, view)
+            pd.dec.release(job.rid)
+        else:
+            dest = t3.reserve(region.nbytes)
+            assert dest is not None
+            await pd.td.send(region.addr, dest, region.nbytes)
+            pd.dec.release(job.rid)
+            other.import_decode(job.rid, t3.view(dest.addr, dest.nbytes))
         while len(other.outputs(job.rid, 0, NEW)) < NEW:
             await other.decode_step(DecodeBatch(1, 0, [], 0.0, 0.0))
         return [t.id for t in other.outputs(job.rid, 0, NEW)]
@@ -62,9 +71,10 @@ async def _migrated(pd: PD, job: Job, after: int) -> list[int]:
 
 # One request at a time: CPU float32 GEMMs are not batch-invariant (~5e-7), and the random
 # tiny weights have near-tied logits, so only equal batch compositions give comparable argmaxes.
+@pytest.mark.parametrize("pull", [False, True], ids=["push", "pull"])
 @pytest.mark.parametrize("after", [1, 2, 9, 23])
 @pytest.mark.parametrize("index", [0, 1, 2], ids=["greedy", "greedy-stolen", "seeded"])
-def test_migrated_output_equals_unmigrated(index: int, after: int) -> None:
+def test_migrated_output_equals_unmigrated(index: int, after: int, pull: bool) -> None:
     job = _jobs()[index]
     ref_pd = PD.build(None, SHAPES["tiny-llama"])
     try:
@@ -73,10 +83,64 @@ def test_migrated_output_equals_unmigrated(index: int, after: int) -> None:
         ref_pd.close()
     pd = PD.build(None, SHAPES["tiny-llama"])
     try:
-        got = asyncio.run(_migrated(pd, job, after))
+        got = asyncio.run(_migrated(pd, job, after, pull))
     finally:
         pd.close()
     assert got == reference
+
+
+def test_a_drains_exports_and_pulled_loads_run_as_one_engine_job_each() -> None:
+    """Requests leaving together are exported in one job on the source and loaded in one job on
+    the target (not one job per request queued between decode steps), and each arrives whole:
+    the KV the target holds is the KV the source had."""
+    jobs = [Job(10 + i, [(3 * i + 5 * k + 1) % 500 for k in range(30 + 7 * i)],
+                SamplingParams(max_new_tokens=NEW, temperature=0.0)) for i in range(5)]  # fmt: skip
+    pd = PD.build(None, SHAPES["tiny-llama"])
+    t3 = ShmTransfer(1 << 23)
+    other = engine(SHAPES["tiny-llama"], None, Role.DECODE, t3)
+
+    async def go() -> None:
+        for job in jobs:
+            await pd.hand_off(job)
+        for _ in range(3):
+            await pd.dec.decode_step(DecodeBatch(len(jobs), 0, [], 0.0, 0.0))
+        made = {j.rid: [t.id for t in pd.dec.outputs(j.rid, 0, NEW)] for j in jobs}
+        before = {j.rid: pd.dec.runner.export(j.rid, len(j.ids) + 2).clone() for j in jobs}
+        for job in jobs:
+            pd.dec.detach(job.rid)
+        regions = await asyncio.gather(
+            *(pd.dec.export_decode(j.rid, len(made[j.rid])) for j in jobs)
+        )
+        assert (pd.dec._exports.jobs, pd.dec._exports.items) == (1, len(jobs))
+
+        async def pull(job: Job, region: KVRegion) -> None:
+            other.admit(job.rid, job.ids, job.params, made[job.rid])
+            with t3.peer_view(pd.td.session, region.addr, region.nbytes) as view:
+                await other.load_decode(job.rid, view)
+
+        await asyncio.gather(*(pull(j, r) for j, r in zip(jobs, regions, strict=True)))
+        assert (other._pulls.jobs, other._pulls.items) == (1, len(jobs))
+        for job in jobs:
+            got = other.runner.export(job.rid, len(job.ids) + 2)
+            assert torch.equal(got, before[job.rid])
+
+    try:
+        asyncio.run(go())
+    finally:
+        t3.close()
+        pd.close()
+
+
+def test_a_pull_from_outside_the_peers_arena_is_refused() -> None:
+    pd = PD.build(None, SHAPES["tiny-llama"])
+    t3 = ShmTransfer(1 << 23)
+    try:
+        with pytest.raises(TransferError, match="outside"), \
+                t3.peer_view(pd.td.session, pd.td.base + (1 << 23) - 8, 64):  # fmt: skip
+            pass
+    finally:
+        t3.close()
+        pd.close()
 
 
 def test_import_refuses_kv_of_the_wrong_length() -> None:

@@ -295,6 +295,26 @@ def test_kv_transfer_follows_the_backend_unless_given() -> None:
         spec(engine={"backend": "gpu", "kvTransfer": "sim"})
 
 
+def test_cuda_ipc_worker_pods_share_the_nodes_ipc_and_pid_namespaces() -> None:
+    def pod_spec(engine: dict[str, Any]) -> dict[str, Any]:
+        got: dict[str, Any] = res.worker_pod(OWNER, spec(engine=engine), "w-0", Role.DECODE,
+                                             "i")["spec"]  # fmt: skip
+        return got
+
+    ipc = pod_spec({"backend": "gpu", "kvTransfer": "cuda-ipc"})
+    args = ipc["containers"][0]["args"]
+    assert args[args.index("--kv-transfer") + 1] == "cuda-ipc"
+    # Peers open each other's CUDA IPC handles and check each other's pids in /proc.
+    assert (ipc["hostIPC"], ipc["hostPID"]) == (True, True)
+    for other in ({"backend": "gpu", "kvTransfer": "shm"}, {"backend": "gpu"}, {}):
+        assert "hostIPC" not in pod_spec(other) and "hostPID" not in pod_spec(other)
+    assert pod_spec({"backend": "gpu", "kvTransfer": "shm", "hostNamespaces": True})["hostIPC"]
+    with pytest.raises(ValidationError, match="cuda-ipc needs backend gpu"):
+        spec(engine={"backend": "sim", "kvTransfer": "cuda-ipc"})
+    with pytest.raises(ValidationError, match="cuda-ipc needs hostNamespaces"):
+        spec(engine={"backend": "gpu", "kvTransfer": "cuda-ipc", "hostNamespaces": False})
+
+
 def test_why_not_ready_names_the_scheduler_or_kubelet_reason() -> None:
     unbound = {"status": {"phase": "Pending", "conditions": [
         {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",

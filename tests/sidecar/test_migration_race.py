@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fluidpd.api.internal import Abort, Adopt
+from fluidpd.api.internal import Abort, Activate, Adopt
 from fluidpd.core.types import Role
 from fluidpd_sidecar.service import NotFound, SidecarService
 from tests.sidecar.helpers import decode_half, events_of, sim_service
@@ -46,7 +46,7 @@ def test_migrated_request_finished_before_the_router_reattached(tmp_path: Path) 
         await svc.start()
         try:
             before = _adopt(svc, 41, generated=5, max_new=8)
-            svc.activate(41)
+            await svc.activate(Activate(rid=41))
             await _finished(svc, 41)  # the target is faster than the router's GET
             events = await events_of(svc, 41)
         finally:
@@ -75,7 +75,7 @@ def test_unclaimed_migrated_request_is_claimed_once(tmp_path: Path) -> None:
         await svc.start()
         try:
             _adopt(svc, 42, generated=2, max_new=4)
-            svc.activate(42)
+            await svc.activate(Activate(rid=42))
             await _finished(svc, 42)
             await events_of(svc, 42)
             # Once read to its end, the request is gone: a second reader gets 404, not a hang.
@@ -95,7 +95,7 @@ def test_unclaimed_migrated_request_expires(tmp_path: Path) -> None:
         await svc.start()
         try:
             _adopt(svc, 43, generated=2, max_new=4)
-            svc.activate(43)
+            await svc.activate(Activate(rid=43))
             await _finished(svc, 43)
             svc.expire_unclaimed(float("inf"))
             with pytest.raises(NotFound):
@@ -114,7 +114,7 @@ def test_abort_of_an_unclaimed_migrated_request(tmp_path: Path) -> None:
         await svc.start()
         try:
             _adopt(svc, 44, generated=2, max_new=4000)
-            svc.activate(44)
+            await svc.activate(Activate(rid=44))
             assert svc.abort(Abort(rid=44, reason="client went away"))
             events = await events_of(svc, 44)
             assert events[-1]["event"] == "cancelled"
@@ -133,7 +133,7 @@ def test_life_cycle_is_logged_by_request_id(
         await svc.start()
         try:
             _adopt(svc, 45, generated=2, max_new=4)
-            svc.activate(45)
+            await svc.activate(Activate(rid=45))
             await _finished(svc, 45)
         finally:
             await svc.stop()

@@ -12,6 +12,7 @@ from fastapi.responses import StreamingResponse
 from fluidpd.api.http import token_bounds
 from fluidpd.api.internal import (
     Abort,
+    Activate,
     Adopt,
     Budget,
     DecodeHalf,
@@ -69,6 +70,7 @@ def create_app(service: SidecarService) -> FastAPI:
     suffix_body, suffix_doc = body(SuffixCommit)
     handoff_body, handoff_doc = body(Handoff)
     adopt_body, adopt_doc = body(Adopt)
+    activate_body, activate_doc = body(Activate)
 
     # -- request halves (called by the router) --------------------------------------------------
     @app.post("/v1/internal/prefill", dependencies=[Admin], openapi_extra=prefill_doc,
@@ -150,16 +152,18 @@ def create_app(service: SidecarService) -> FastAPI:
             raise BadRequest(f"output_ids: token ids must be in [0, {vocab})")
         dest = service.adopt(req)
         if dest is None:
-            return {"ok": True}
+            return {"ok": True, "kv_pull": service.pulls(req.half.rid)}
         return {"ok": True, "kv_session": dest.session, "kv_addr": dest.addr,
                 "kv_nbytes": dest.nbytes}  # fmt: skip
 
     @app.post(
-        "/v1/internal/activate", dependencies=[Admin], openapi_extra=abort_doc,
-        responses={**PEER, **detail(s400="the adopted request's KV does not import")},
+        "/v1/internal/activate", dependencies=[Admin], openapi_extra=activate_doc,
+        responses={**PEER, **detail(
+            s400="the adopted request's KV does not import, or its source's slot cannot be read"
+        )},
     )  # fmt: skip
-    async def activate(req: Annotated[Abort, abort_body]) -> dict[str, bool]:
-        service.activate(req.rid)
+    async def activate(req: Annotated[Activate, activate_body]) -> dict[str, bool]:
+        await service.activate(req)
         return {"ok": True}
 
     return app

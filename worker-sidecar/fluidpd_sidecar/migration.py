@@ -1,5 +1,15 @@
 """Drain ``migrate``: a draining decode worker moves its running requests to peers
 (``fluidpd.core.migration.plan_migration`` chooses which and where), and a peer adopts them.
+
+A move with real KV (the ``gpu`` engine) is: the adoption (the peer reserves KV pages; every
+adoption of a plan is sent at once), the export (the engine copies the request's KV pages into
+a staging slot of this worker's transport arena; exports submitted together run as one engine
+job), then either *pull* (``shm``, ``cuda-ipc``: the peer reads the slot in place during
+``activate`` and loads it into its pages, batched likewise, and answers when done) or *push*
+(``mooncake``: the peer reserved room in its own arena, the transport writes there, then
+``activate``). Pull needs no arena room on the peer - with push, 32 requests of 270 MiB each
+waited for a peer arena of 3-4 GiB in rounds - and ``shm`` copies the bytes once, not three
+times. Where the time went is kept in a ``DrainReport`` (``GET /role``'s ``last_drain``).
 """
 
 from __future__ import annotations
@@ -8,15 +18,17 @@ import asyncio
 import logging
 import time
 
-from fluidpd.api.internal import Abort, Adopt, DecodeEvent
+from fluidpd.api.internal import Abort, Activate, Adopt, DecodeEvent
 from fluidpd.core.migration import Peer, plan_migration
 from fluidpd.core.signals import allocatable_kv
 from fluidpd.core.types import Role, RoleState
+from fluidpd_sidecar.arena import TransferError
+from fluidpd_sidecar.engine import kv_stamp
 from fluidpd_sidecar.errors import BadRequest, Conflict, NotFound
 from fluidpd_sidecar.halves import DecodeState, check_half
 from fluidpd_sidecar.intake import Intake
 from fluidpd_sidecar.peers import PeerError
-from fluidpd_sidecar.transfer import KVDest
+from fluidpd_sidecar.transfer import KVDest, PullTransfer, can_pull
 
 log = logging.getLogger("fluidpd.sidecar")
 
@@ -30,8 +42,14 @@ class Migration(Intake):
         engine's outputs need none, so it moves only the modelled time)."""
         return hasattr(self.engine, "export_decode") and self.transfer.arena_bytes > 0
 
+    @property
+    def _pulls_kv(self) -> bool:
+        """This worker's transport reads a peer's staged KV in place (see the module)."""
+        return self._moves_kv and can_pull(self.transfer)
+
     def adopt(self, body: Adopt) -> KVDest | None:
-        """Takes over a request migrating in; returns where its KV is to be written."""
+        """Takes over a request migrating in; returns where its KV is to be written (None: it
+        moves no bytes, or this worker will pull them, see ``pulls``)."""
         self._check_accepting(Role.DECODE)
         if not getattr(self.engine, "migrates_kv", True):
             raise Conflict(f"engine {self.engine.name} cannot adopt a request without its KV")
@@ -44,7 +62,7 @@ class Migration(Intake):
         if not self.worker.decode.adopt(state.req, body.generated):
             self.engine.release(half.rid)
             raise Conflict(f"no KV room for request {half.rid}")
-        if self._moves_kv:
+        if self._moves_kv and not (body.kv_pull and self._pulls_kv):
             tokens = half.prompt_len + body.generated - 1
             state.dest = self.transfer.reserve(self.engine.kv_wire_bytes(tokens))
             if state.dest is None:
@@ -56,11 +74,21 @@ class Migration(Intake):
         log.info("request %d adopted (migrating in after %d tokens)", half.rid, body.generated)
         return state.dest
 
-    def activate(self, rid: int) -> None:
+    def pulls(self, rid: int) -> bool:
+        """The adopted request ``rid`` has its KV pulled here (no room was reserved for it)."""
+        half = self.decode_halves.get(rid)
+        return half is not None and half.dest is None and self._pulls_kv
+
+    async def activate(self, body: Activate) -> None:
+        rid = body.rid
         half = self.decode_halves.get(rid)
         if half is None or rid not in self.worker.decode.migrating_in:
             raise NotFound(f"no adopted request {rid} here")
-        if half.dest is not None:
+        if body.kv_nbytes and self.pulls(rid):
+            await self._pull(half, body)
+            if rid not in self.worker.decode.migrating_in:  # aborted while it loaded
+                raise NotFound(f"adopted request {rid} ended while its KV loaded")
+        elif half.dest is not None:
             view = getattr(self.transfer, "view")  # noqa: B009 - byte-moving transports only
             self.metrics.kv_received.labels(self.cfg.worker_id).inc(half.dest.nbytes)
             self._verify_kv(half)
@@ -72,6 +100,22 @@ class Migration(Intake):
                 raise BadRequest(str(exc)) from exc
         self.worker.decode.activate(rid)
         self.wake()
+
+    async def _pull(self, half: DecodeState, body: Activate) -> None:
+        """Reads the migrated KV in the source's slot and loads it into the engine's pages."""
+        rid = half.req.rid
+        transfer: PullTransfer = self.transfer  # type: ignore[assignment]
+        try:
+            with transfer.peer_view(body.kv_session or "", body.kv_addr, body.kv_nbytes) as view:
+                if bytes(view[:8]) != kv_stamp(rid):
+                    self.metrics.kv_corrupt()
+                    raise ValueError(f"the KV in the source's slot is not request {rid}'s")
+                await self.engine.load_decode(rid, view)  # type: ignore[attr-defined]
+        except (ValueError, TransferError) as exc:
+            self.worker.decode.cancel(rid)
+            self._end_decode(rid, DecodeEvent(event="error", detail=f"KV import: {exc}"))
+            raise BadRequest(str(exc)) from exc
+        self.metrics.kv_received.labels(self.cfg.worker_id).inc(body.kv_nbytes)
 
     async def _peer_room(self) -> list[Peer]:
         """The migration peers that are Active decode workers now, with their free KV."""
@@ -94,6 +138,9 @@ class Migration(Intake):
             return
         move_s = self.cfg.profile.transfer_model().time
         plan = plan_migration(d.migrants(move_s), await self._peer_room(), d.step_s())
+        report = self._drain_report
+        if plan:
+            report.rounds += 1
         moves: list[tuple[int, str, DecodeState, Adopt]] = []
         for rid, target in plan:
             half = self.decode_halves.get(rid)
@@ -104,6 +151,7 @@ class Migration(Intake):
             if self._advance(half, generated):
                 d.finish_early(rid, time.time())  # it stopped: it finishes here instead
                 self._dispatch()
+                report.finished_here += 1
                 continue
             self._emit(half, time.time())
             body = Adopt(
@@ -111,17 +159,25 @@ class Migration(Intake):
                 generated=generated,
                 output_ids=half.stream.output_ids,
                 first_token_t=half.req.first_token_t,
+                kv_pull=self._pulls_kv,
             )
             moves.append((rid, target, half, body))
+        if not moves:
+            return
         # Every adoption of the plan at once: the drain pays one round trip, not one per
         # request (no step runs meanwhile: this is the scheduler's own task).
+        t0 = time.time()
+        if not report.first_adopt_s:
+            report.first_adopt_s = round(t0 - self._drain_started, 4)
         answers = await asyncio.gather(
             *(self.peers.post(target, "/v1/internal/adopt", body) for _, target, _, body in moves),
             return_exceptions=True,
         )
+        report.adopt_s += time.time() - t0
         for (rid, target, half, _), answer in zip(moves, answers, strict=True):
             if isinstance(answer, BaseException):
                 log.info("migration of %d to %s refused: %s", rid, target, answer)
+                report.refused += 1
                 continue
             if rid not in d.active:
                 # Finished or aborted while we asked: the adopted copy must not decode alone.
@@ -138,25 +194,59 @@ class Migration(Intake):
             if detach is not None:
                 detach(rid)  # out of the engine's next step: its KV must not grow while copied
             self.decode_halves.pop(rid, None)
-            self._spawn(self._move(half, target, nbytes, dest, generated))
+            report.last_detached_s = round(time.time() - self._drain_started, 4)
+            pull = bool(answer.get("kv_pull")) and dest is None and self._pulls_kv
+            self._moving += 1
+            self._spawn(self._move(half, target, nbytes, dest, generated, pull))
 
     async def _move(
-        self, half: DecodeState, target: str, nbytes: int, dest: KVDest | None, generated: int
+        self,
+        half: DecodeState,
+        target: str,
+        nbytes: int,
+        dest: KVDest | None,
+        generated: int,
+        pull: bool = False,
     ) -> None:
         rid = half.req.rid
+        report = self._drain_report
+        t0 = time.time()
+        t1 = t2 = t0
         try:
-            if dest is not None and self._moves_kv:
+            activate = Activate(rid=rid)
+            if (dest is not None or pull) and self._moves_kv:
                 region = await self.engine.export_decode(rid, generated)  # type: ignore[attr-defined]
-                await self.transfer.send(region.addr, dest, region.nbytes)
+                t1 = t2 = time.time()
+                if pull:
+                    session = getattr(self.transfer, "session")  # noqa: B009 - a PullTransfer
+                    activate = Activate(rid=rid, kv_session=session, kv_addr=region.addr,
+                                        kv_nbytes=region.nbytes)  # fmt: skip
+                else:
+                    assert dest is not None
+                    await self.transfer.send(region.addr, dest, region.nbytes)
+                    t2 = time.time()
                 self.metrics.kv_sent.labels(self.cfg.worker_id).inc(region.nbytes)
+                report.kv_bytes += region.nbytes
             else:
                 await self.transfer.send(None, None, nbytes)
-            await self.peers.post(
-                target, "/v1/internal/activate", Abort(rid=rid, reason="migrated")
-            )
+                t1 = t2 = time.time()
+            await self.peers.post(target, "/v1/internal/activate", activate)
+            t3 = time.time()
+            report.export_s += t1 - t0
+            report.send_s += t2 - t1
+            report.activate_s += t3 - t2
+            report.max_move_s = max(report.max_move_s, round(t3 - t0, 4))
+            report.last_activated_s = round(t3 - self._drain_started, 4)
+            report.moved += 1
+            report.pulled = report.pulled or pull
             self._push(half, DecodeEvent(event="migrated", url=target, n=half.fed))
-            log.info("request %d migrated to %s after %d tokens", rid, target, half.fed)
+            log.info(
+                "request %d migrated to %s after %d tokens (export %.1f ms, send %.1f ms, "
+                "activate %.1f ms%s)", rid, target, half.fed, 1e3 * (t1 - t0), 1e3 * (t2 - t1),
+                1e3 * (t3 - t2), ", pulled" if pull else "",
+            )  # fmt: skip
         except Exception as exc:
+            report.failed += 1
             log.warning("request %d failed: migration to %s failed: %s", rid, target, exc)
             self._push(half, DecodeEvent(event="error", detail=f"migration failed: {exc}"))
             await self._abort_peer(target, rid, "migration failed")
@@ -164,6 +254,9 @@ class Migration(Intake):
             half.closed = True
             half.events.put_nowait(None)
             self.engine.release(rid)
+            self._moving -= 1
+            if not self._moving and self.worker.state is not RoleState.DRAIN:
+                log.info("drain migrate, moves done: %s", report.model_dump_json())
             self.wake()
 
     async def _abort_peer(self, url: str, rid: int, reason: str) -> None:

@@ -7,10 +7,17 @@ from __future__ import annotations
 import logging
 import time
 
-from fluidpd.api.internal import Abort, DecodeEvent, RetireRequest, RoleRequest, RoleStatus
+from fluidpd.api.internal import (
+    Abort,
+    DecodeEvent,
+    DrainReport,
+    RetireRequest,
+    RoleRequest,
+    RoleStatus,
+)
 from fluidpd.core.repair import drain_releases_reserved, release_asks
 from fluidpd.core.rolestate import IllegalTransition
-from fluidpd.core.types import Role, RoleState
+from fluidpd.core.types import DrainMode, Role, RoleState
 from fluidpd_sidecar.errors import Conflict
 from fluidpd_sidecar.migration import Migration
 from fluidpd_sidecar.peers import PeerError
@@ -22,7 +29,13 @@ class Roles(Migration):
     """Role switches and retirement."""
 
     def role_status(self) -> RoleStatus:
-        return RoleStatus.of(self.cfg.worker_id, self.worker.role_sm, self.switches)
+        return RoleStatus.of(
+            self.cfg.worker_id, self.worker.role_sm, self.switches, self._last_drain
+        )
+
+    def _new_drain_report(self, source: Role, drain: DrainMode) -> None:
+        if source is Role.DECODE and drain is DrainMode.MIGRATE:
+            self._drain_report = self._last_drain = DrainReport()
 
     def request_role(self, body: RoleRequest) -> RoleStatus:
         w = self.worker
@@ -35,6 +48,7 @@ class Roles(Migration):
         w.begin_switch(body.role, time.time(), body.drain)
         self._migrate_to = [u for u in body.migrate_to if u.rstrip("/") != self.cfg.url.rstrip("/")]
         self._drain_started = time.time()
+        self._new_drain_report(source, body.drain)
         self._dispatch()
         if drain_releases_reserved(source):
             self._spawn(self._release_reserved())
@@ -54,6 +68,8 @@ class Roles(Migration):
         w.begin_retire(now, body.drain)
         self._retire_until = now + body.return_after_s if body.return_after_s else float("inf")
         self._migrate_to = [u for u in body.migrate_to if u.rstrip("/") != self.cfg.url.rstrip("/")]
+        self._drain_started = now
+        self._new_drain_report(w.role, body.drain)
         self._dispatch()
         if drain_releases_reserved(w.role):
             self._spawn(self._release_reserved())
@@ -115,3 +131,9 @@ class Roles(Migration):
         drain_s = finished - self._drain_started
         self.metrics.switched(source, target, drain_s)
         log.info("switch %s -> %s done in %.3f s", source.value, target.value, drain_s)
+        report = self._drain_report
+        if source is Role.DECODE and self._last_drain is report:
+            report.drain_s = round(drain_s, 4)
+            # Moves still copying go on after the switch (their KV pages stay until sent);
+            # the record keeps counting them (``last_activated_s``).
+            log.info("drain migrate: %s", report.model_dump_json())

@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Coroutine
 from typing import Any
 
-from fluidpd.api.internal import Reserved
+from fluidpd.api.internal import DrainReport, Reserved
 from fluidpd.core.scheduler import messages as msg
 from fluidpd.core.scheduler.worker import Worker
 from fluidpd.core.types import Role
@@ -65,6 +65,11 @@ class ServiceState:
         self._last_switch: tuple[Role, Role, float, float] | None = None
         self._migrate_to: list[str] = []
         self._drain_started = 0.0
+        #: Where the running (or last) decode drain ``migrate`` spends its time.
+        self._drain_report = DrainReport()
+        self._last_drain: DrainReport | None = None
+        #: Migrations out whose KV is still on its way.
+        self._moving = 0
         #: A retirement nobody completed (the worker was not deleted) ends at this time.
         self._retire_until = float("inf")
         self._wake = asyncio.Event()

@@ -9,8 +9,12 @@ engines need (SGLang uses the same engine).
 from __future__ import annotations
 
 import asyncio
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from fluidpd_sidecar.engine import KVBytes
 
 from fluidpd.core.predictors import TransferModel
 
@@ -42,6 +46,28 @@ class KVTransfer(Protocol):
     async def send(self, src_addr: int | None, dest: KVDest | None, nbytes: int) -> float:
         """Sender side: move ``nbytes`` from ``src_addr`` to ``dest``; returns seconds taken."""
         ...
+
+
+class PullTransfer(KVTransfer, Protocol):
+    """A transport whose receiver can read a sender's staged bytes in place (``shm``: the
+    sender's arena file, mapped; ``cuda-ipc``: the sender's GPU arena, through its IPC handle).
+
+    A migration (drain ``migrate``) uses it: the target loads the KV straight from the source's
+    staging slot, so it needs no arena room of its own (a 2K-context 8B request is ~270 MiB, and
+    32 of them would not fit a target's arena at once) and the bytes cross once (``shm``: no
+    host-to-host copy between the arenas)."""
+
+    #: The sender's ``session`` for ``peer_view`` (its own arena).
+    session: str
+
+    def peer_view(self, session: str, addr: int, nbytes: int) -> AbstractContextManager[KVBytes]:
+        """The ``nbytes`` at ``addr`` of the peer arena ``session``, readable here while the
+        context is open (``TransferError`` if the peer cannot be reached)."""
+        ...
+
+
+def can_pull(transfer: KVTransfer) -> bool:
+    return transfer.arena_bytes > 0 and callable(getattr(transfer, "peer_view", None))
 
 
 class SimTransfer:

@@ -29,10 +29,12 @@ Needs torch with CUDA and a CUDA ``--device``: ``cuda_device`` refuses anything 
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -183,6 +185,25 @@ class CudaIpcTransfer(ArenaSlots):
         finally:
             self.maps.release(lease, time.time(), failed=not ok)
         return time.perf_counter() - t0
+
+    # -- receiver side, pulling (a migration's KV, read in the source's slot) -------------------
+    @contextlib.contextmanager
+    def peer_view(self, session: str, addr: int, nbytes: int) -> Iterator[DeviceView]:
+        """``nbytes`` of a peer's GPU arena at ``addr``, mapped (opened on first use) for as long
+        as the context is open: the engine copies them into its KV pages GPU to GPU. The peer
+        wrote them and synchronised before it asked us to read."""
+        lease = self.maps.acquire(session, time.time())
+        peer = lease.mapping
+        off = addr - lease.session.base
+        if nbytes < 0 or off < 0 or off + nbytes > peer.numel():
+            self.maps.release(lease, time.time())
+            raise TransferError(f"address {addr:#x} outside the peer's arena")
+        try:
+            yield DeviceView(peer[off : off + nbytes])
+        finally:
+            # A failed load is the engine's (a header it refused), not the mapping's: a dead
+            # peer is found by the next acquire's liveness check.
+            self.maps.release(lease, time.time())
 
     # -- lifecycle ------------------------------------------------------------------------------
     def _sweep_loop(self, every_s: float) -> None:

@@ -21,6 +21,7 @@ import os
 import secrets
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -88,6 +89,15 @@ class ShmTransfer(ArenaSlots):
         src = self._offset(src_addr, nbytes)
         peer[off : off + nbytes] = self._arena[src : src + nbytes]
         return time.perf_counter() - t0
+
+    @contextlib.contextmanager
+    def peer_view(self, session: str, addr: int, nbytes: int) -> Iterator[memoryview]:
+        """Pull: ``nbytes`` of a peer's arena at ``addr``, read in place (its file, mapped)."""
+        peer, base = self._peer(session)
+        off = addr - base
+        if nbytes < 0 or off < 0 or off + nbytes > peer.size:
+            raise TransferError(f"address {addr:#x} outside peer arena {session}")
+        yield peer[off : off + nbytes].data
 
     def _peer(self, session: str) -> tuple[np.ndarray, int]:
         name, _, base = session.rpartition("@")

@@ -35,6 +35,7 @@ from fluidpd.core.scheduler.prefill import PrefillBatch
 from fluidpd.core.types import Role
 from fluidpd_sidecar.engine import KVBytes, KVRegion, KVStaging
 from fluidpd_sidecar.gpu import wire
+from fluidpd_sidecar.gpu.batched import Batched
 from fluidpd_sidecar.gpu.runner import ModelRunner, pin_host_memory
 from fluidpd_sidecar.gpu.sampling import Row, Sampler, is_plain_greedy
 
@@ -103,6 +104,11 @@ class GpuEngine:
         self._joining: list[int] = []
         self._to_free: list[int] = []
         self.stats = EngineStats()
+        #: A migrate drain's exports (source) and pulled loads (target), batched per job.
+        self._exports: Batched[tuple[int, int, KVRegion], None] = Batched(
+            self._pool, self._export_many
+        )
+        self._pulls: Batched[_Import, float] = Batched(self._pool, self._pull_many)
         self.role = role
         self._pin_staging()
         if role is Role.DECODE:
@@ -346,8 +352,19 @@ class GpuEngine:
         tokens = len(req.ids) + generated - 1
         region = await self._stage(self.kv_wire_bytes(tokens))
         self._staged[rid] = region  # ``release`` gives it back
-        await self._run(self._export_job, rid, tokens, region)
+        # One engine job for every export submitted until the thread gets to it.
+        await self._exports.submit((rid, tokens, region))
         return region
+
+    def _export_many(self, items: list[tuple[int, int, KVRegion]]) -> list[BaseException | None]:
+        out: list[BaseException | None] = []
+        for rid, tokens, region in items:
+            try:
+                self._export_job(rid, tokens, region)
+                out.append(None)
+            except ValueError as exc:
+                out.append(exc)
+        return out
 
     def _export_job(self, rid: int, tokens: int, region: KVRegion) -> None:
         assert self._staging is not None
@@ -360,9 +377,7 @@ class GpuEngine:
                                               rid, -1, kv)  # fmt: skip
         self.stats.stage_s += time.perf_counter() - t0
 
-    def import_decode(self, rid: int, view: KVBytes) -> None:
-        """A migrated request's KV arrived in ``view``: it is loaded before the next step and
-        the request decodes on from its last output token (``admit`` gave the outputs)."""
+    def _migrated_import(self, rid: int, view: KVBytes) -> _Import:
         req = self._request(rid)
         tokens = len(req.ids) + len(req.out) - 1
         if not req.out:
@@ -374,8 +389,39 @@ class GpuEngine:
                 f"{tokens} x {self.cfg.layers} expected"
             )
         generated = [t.id for t in req.out]
-        self._imports.append(_Import(rid, view, tokens, req.ids, req.params, generated))
+        return _Import(rid, view, tokens, req.ids, req.params, generated)
+
+    def import_decode(self, rid: int, view: KVBytes) -> None:
+        """A migrated request's KV arrived in ``view``: it is loaded before the next step and
+        the request decodes on from its last output token (``admit`` gave the outputs)."""
+        self._imports.append(self._migrated_import(rid, view))
         self._joining.append(rid)
+
+    async def load_decode(self, rid: int, view: KVBytes) -> float:
+        """Pull: a migrated request's KV in the source's staging slot (``view``, readable only
+        until this returns) is loaded into this engine's pages now, batched with every other
+        load submitted meanwhile into one job; the request joins the next step. Seconds the
+        job's loads took."""
+        imp = self._migrated_import(rid, view)
+        seconds = await self._pulls.submit(imp)
+        if rid in self._requests:  # not released while it loaded
+            self._joining.append(rid)
+        return seconds
+
+    def _pull_many(self, imports: list[_Import]) -> list[float | BaseException]:
+        self._free_released(frozenset(i.rid for i in imports))
+        t0 = time.perf_counter()
+        out: list[float | BaseException] = []
+        for imp in imports:
+            try:
+                self._load([imp])
+                out.append(0.0)
+            except (ValueError, RuntimeError, MemoryError) as exc:
+                out.append(exc)
+        self.runner.sync()  # the source reuses its slot once we answer
+        seconds = time.perf_counter() - t0
+        self._free_released()
+        return [r if isinstance(r, BaseException) else seconds for r in out]
 
     def outputs(self, rid: int, start: int, stop: int) -> list[SampledToken]:
         req = self._requests.get(rid)
