@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import threading
+from abc import ABC, abstractmethod
 from typing import Any
 
 import numpy as np
@@ -83,7 +84,7 @@ class FirstFitAllocator:
         return max((length for _, length in self._free), default=0)
 
 
-class ArenaSlots:
+class ArenaSlots(ABC):
     """Reservations and staging buffers as blocks of one arena at ``base``.
 
     The subclass builds the arena and sets ``arena_bytes``, ``base``, ``session``, ``_arena``,
@@ -110,9 +111,9 @@ class ArenaSlots:
         self._give_back(dest.addr)
 
     # -- sender side ---------------------------------------------------------------------
+    @abstractmethod
     def write(self, src_addr: int, dest: KVDest, nbytes: int) -> float:
         """The blocking copy of ``nbytes`` at ``src_addr`` into the peer's ``dest``; seconds."""
-        raise NotImplementedError
 
     async def send(self, src_addr: int | None, dest: KVDest | None, nbytes: int) -> float:
         """``write`` on a worker thread (nothing to move: 0 s)."""

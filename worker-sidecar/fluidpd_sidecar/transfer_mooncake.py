@@ -171,9 +171,9 @@ class MooncakeTransfer(ArenaSlots):
         self._offset(src_addr, nbytes)
         if nbytes == 0:
             return 0.0
-        return await asyncio.to_thread(self._write, src_addr, dest, nbytes)
+        return await asyncio.to_thread(self.write, src_addr, dest, nbytes)
 
-    def _write(self, src_addr: int, dest: KVDest, nbytes: int) -> float:
+    def write(self, src_addr: int, dest: KVDest, nbytes: int) -> float:
         # The in-flight count is taken on the worker thread, not before submitting: a send
         # cancelled before its thread starts never runs, so it must never have been counted.
         with self._lock:
