@@ -23,6 +23,7 @@ from functools import cache
 from typing import Any
 
 import pytest
+from xdist.scheduler import LoadScopeScheduling
 
 from harness.binaries import binaries_ready
 
@@ -60,6 +61,32 @@ def _rank(module: str, ready: bool) -> tuple[int, int]:
     return (int(waits), longest)
 
 
+def _loadgroup(config: pytest.Config) -> bool:
+    """``--dist loadgroup``: in the controller ``dist`` says so; in a worker xdist rewrites
+    ``dist`` to "no" and keeps the choice as ``loadgroup``. The workers' collections are what
+    is scheduled, so the order below must be made there (a check of ``dist`` alone left it
+    unsorted)."""
+    in_worker = bool(getattr(config.option, "loadgroup", False))
+    return config.getoption("dist") == "loadgroup" or in_worker
+
+
+class _ModuleScheduling(LoadScopeScheduling):
+    """One unit per module, except the modules in ``SPLIT`` (one unit per test). Decided here
+    from the node id instead of by ``xdist_group`` marks: xdist appends a mark's group to the
+    node id only in its own collection hook, after which its scheduler splits it off again, and
+    that hook ran before any conftest could add the marks, so every test was its own unit (a
+    module's stack then started once on each worker)."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        module = nodeid.split("::", 1)[0]
+        return nodeid if module in SPLIT else module
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    return _ModuleScheduling(config, log) if config.getoption("dist") == "loadgroup" else None
+
+
 @cache
 def _ready() -> bool:
     return binaries_ready()
@@ -72,13 +99,10 @@ def pytest_configure_node(node: Any) -> None:
     node.workerinput["fluidpd_binaries_ready"] = _ready()
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the marks
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not config.pluginmanager.hasplugin("xdist") or config.getoption("dist") != "loadgroup":
+    if not config.pluginmanager.hasplugin("xdist") or not _loadgroup(config):
         return
     worker: dict[str, Any] | None = getattr(config, "workerinput", None)
     ready = bool(worker["fluidpd_binaries_ready"]) if worker else _ready()
     items.sort(key=lambda item: _rank(_module(item), ready))  # stable: module order kept
-    for item in items:
-        if _module(item) not in SPLIT:
-            item.add_marker(pytest.mark.xdist_group(_module(item)))
