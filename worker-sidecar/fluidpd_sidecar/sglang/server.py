@@ -50,6 +50,8 @@ class SglangConfig:
     #: "mooncake" for real P/D transfers; None leaves SGLang's default.
     transfer_backend: str | None = None
     load_format: str | None = None
+    #: SGLang's --dtype; None leaves SGLang's auto rule.
+    dtype: str | None = None
     context_length: int | None = None
     max_total_tokens: int | None = None
     extra_args: tuple[str, ...] = ()
@@ -97,6 +99,8 @@ def server_command(cfg: SglangConfig) -> list[str]:
         argv += ["--context-length", str(cfg.context_length)]
     if cfg.load_format is not None:
         argv += ["--load-format", cfg.load_format]
+    if cfg.dtype is not None:
+        argv += ["--dtype", cfg.dtype]
     if cfg.mode != "null":
         # A FluidRole worker starts as the role-neutral superset (roleswitch's docstring).
         argv += ["--disaggregation-mode", "decode" if cfg.fluidrole else cfg.mode]
