@@ -23,6 +23,8 @@ from pathlib import Path
 
 import aiohttp
 
+from fluidpd.procs import die_with_parent
+
 log = logging.getLogger("fluidpd.sidecar.sglang")
 
 #: The directory that holds ``fluidpd_sidecar`` (put on SGLang's ``PYTHONPATH``).
@@ -221,6 +223,9 @@ class SglangServer:
                 stderr=asyncio.subprocess.STDOUT,
                 stdin=asyncio.subprocess.DEVNULL,
                 start_new_session=True,  # its scheduler/detokenizer children go with it
+                # A SIGKILLed sidecar must not leave SGLang holding the GPU: SGLang gets the
+                # SIGTERM a pod stop would give, and its launcher then ends its own children.
+                preexec_fn=die_with_parent(signal.SIGTERM),
             )
         except OSError as exc:
             raise SglangError(f"cannot run SGLang's python {cfg.python}: {exc}") from None
