@@ -34,8 +34,13 @@ SPLIT = frozenset(
     {"e2e/test_operator.py", "tests/serve/test_drills.py", "tests/images/test_dockerfiles.py"}
 )
 LONGEST = (
-    # Real SGLang servers on CPU: about 11 min under a loaded machine, one module (one stack).
+    # Real SGLang servers on CPU (60-150 s each to start on two cores), one module a unit:
+    # FluidToken starts a plain server and one 1P1D stack per beta, one after another (CI,
+    # 2026-12-02: 383 s of setups, then split over both workers); test_sglang_cpu one stack
+    # and a plain server (~11 min under a loaded machine); FluidRole a 2P1D stack.
+    "tests/sglang/test_sglang_fluidtoken.py",
     "tests/sglang/test_sglang_cpu.py",
+    "tests/sglang/test_sglang_fluidrole.py",
     # Two real SGLang servers each (Ready in pods; two failing starts): ~8 min at load 20-50.
     "e2e/test_sglang_backend.py",
     "tests/sglang/test_sglang_start_failures.py",
