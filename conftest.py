@@ -23,6 +23,7 @@ from functools import cache
 from typing import Any
 
 import pytest
+from xdist.scheduler import LoadScopeScheduling
 
 from harness.binaries import binaries_ready
 
@@ -33,8 +34,13 @@ SPLIT = frozenset(
     {"e2e/test_operator.py", "tests/serve/test_drills.py", "tests/images/test_dockerfiles.py"}
 )
 LONGEST = (
-    # Real SGLang servers on CPU: about 11 min under a loaded machine, one module (one stack).
+    # Real SGLang servers on CPU (60-150 s each to start on two cores), one module a unit:
+    # FluidToken starts a plain server and one 1P1D stack per beta, one after another (CI,
+    # 2026-12-02: 383 s of setups, then split over both workers); test_sglang_cpu one stack
+    # and a plain server (~11 min under a loaded machine); FluidRole a 2P1D stack.
+    "tests/sglang/test_sglang_fluidtoken.py",
     "tests/sglang/test_sglang_cpu.py",
+    "tests/sglang/test_sglang_fluidrole.py",
     # Two real SGLang servers each (Ready in pods; two failing starts): ~8 min at load 20-50.
     "e2e/test_sglang_backend.py",
     "tests/sglang/test_sglang_start_failures.py",
@@ -60,6 +66,32 @@ def _rank(module: str, ready: bool) -> tuple[int, int]:
     return (int(waits), longest)
 
 
+def _loadgroup(config: pytest.Config) -> bool:
+    """``--dist loadgroup``: in the controller ``dist`` says so; in a worker xdist rewrites
+    ``dist`` to "no" and keeps the choice as ``loadgroup``. The workers' collections are what
+    is scheduled, so the order below must be made there (a check of ``dist`` alone left it
+    unsorted)."""
+    in_worker = bool(getattr(config.option, "loadgroup", False))
+    return config.getoption("dist") == "loadgroup" or in_worker
+
+
+class _ModuleScheduling(LoadScopeScheduling):
+    """One unit per module, except the modules in ``SPLIT`` (one unit per test). Decided here
+    from the node id instead of by ``xdist_group`` marks: xdist appends a mark's group to the
+    node id only in its own collection hook, after which its scheduler splits it off again, and
+    that hook ran before any conftest could add the marks, so every test was its own unit (a
+    module's stack then started once on each worker)."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        module = nodeid.split("::", 1)[0]
+        return nodeid if module in SPLIT else module
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    return _ModuleScheduling(config, log) if config.getoption("dist") == "loadgroup" else None
+
+
 @cache
 def _ready() -> bool:
     return binaries_ready()
@@ -72,13 +104,10 @@ def pytest_configure_node(node: Any) -> None:
     node.workerinput["fluidpd_binaries_ready"] = _ready()
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the marks
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not config.pluginmanager.hasplugin("xdist") or config.getoption("dist") != "loadgroup":
+    if not config.pluginmanager.hasplugin("xdist") or not _loadgroup(config):
         return
     worker: dict[str, Any] | None = getattr(config, "workerinput", None)
     ready = bool(worker["fluidpd_binaries_ready"]) if worker else _ready()
     items.sort(key=lambda item: _rank(_module(item), ready))  # stable: module order kept
-    for item in items:
-        if _module(item) not in SPLIT:
-            item.add_marker(pytest.mark.xdist_group(_module(item)))

@@ -31,12 +31,13 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from harness import ControlPlane, FakeKubelet, ensure_binaries, wait_for
+from harness.binaries import CONTROL_PLANE
 from harness.operator import Operator, install_crd
 
 
 @pytest.fixture(scope="session")
 def control_plane() -> Iterator[ControlPlane]:
-    with ControlPlane(ensure_binaries()) as cp:
+    with ControlPlane(ensure_binaries(CONTROL_PLANE)) as cp:
         yield cp
 
 

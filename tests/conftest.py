@@ -32,7 +32,7 @@ def find_helm() -> str | None:
     if on_path:
         return on_path
     try:
-        return str(ensure_binaries() / "helm")
+        return str(ensure_binaries(("helm",)) / "helm")
     except RuntimeError:
         return None
 

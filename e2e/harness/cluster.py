@@ -11,7 +11,7 @@ import threading
 import time
 from pathlib import Path
 
-from harness.binaries import ensure_binaries
+from harness.binaries import CONTROL_PLANE, ensure_binaries
 from harness.controlplane import DEFAULT_NODE, ControlPlane
 from harness.kubelet import FakeKubelet
 
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     t0 = time.monotonic()
-    bin_dir = ensure_binaries()
+    bin_dir = ensure_binaries(CONTROL_PLANE)
     with ControlPlane(bin_dir, workdir=args.dir, node_names=(args.node_name,)) as cp:
         kubelet = None if args.no_kubelet else FakeKubelet(cp, node_name=args.node_name).start()
         try:

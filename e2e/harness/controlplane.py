@@ -39,7 +39,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from fluidpd.procs import http_ok
 from harness import procs
-from harness.binaries import ensure_binaries
+from harness.binaries import CONTROL_PLANE, ensure_binaries
 from harness.wait import wait_for
 
 log = logging.getLogger("fluidpd.e2e.controlplane")
@@ -159,7 +159,7 @@ class ControlPlane:
     @property
     def bin_dir(self) -> Path:
         if self._bin_dir is None:
-            self._bin_dir = ensure_binaries()
+            self._bin_dir = ensure_binaries(CONTROL_PLANE)
         return self._bin_dir
 
     def __enter__(self) -> ControlPlane:
@@ -329,8 +329,10 @@ class ControlPlane:
     def helm(
         self, *args: str, check: bool = True, timeout: float = 300.0
     ) -> subprocess.CompletedProcess[str]:
-        """Run helm against this plane as the admin."""
-        cmd = [str(self.bin_dir / "helm"), f"--kubeconfig={self.kubeconfig}", *args]
+        """Run helm against this plane as the admin (helm may still be building when the plane
+        starts; this waits for it)."""
+        helm = ensure_binaries(("helm",)) / "helm"
+        cmd = [str(helm), f"--kubeconfig={self.kubeconfig}", *args]
         env = {
             "PATH": "/usr/bin:/bin",
             "HOME": str(self.workdir),

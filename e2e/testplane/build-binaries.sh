@@ -10,7 +10,9 @@
 #   with the service-discovery plugins left out (`remove_all_sd`: only file/http/static remain).
 # Cached under $FLUIDPD_CACHE_DIR (default ~/.cache/fluidpd) and rebuilt only when missing, so
 # a warm run only checks files; prints the bin directory on its last line. Nothing is installed
-# system-wide and nothing is started.
+# system-wide and nothing is started. FLUIDPD_TESTPLANE_NEED (names, default all) limits the
+# check and the build to what a caller needs. Each binary appears in the bin dir by a rename,
+# complete, so a test may use one while the others still build (e2e/harness/binaries.py).
 set -eu
 K8S_VERSION=${K8S_VERSION:-1.36.3}
 HELM_VERSION=${HELM_VERSION:-3.22.0}
@@ -21,16 +23,21 @@ BIN="$ROOT/bin"
 SRC="$ROOT/src"
 mkdir -p "$BIN" "$SRC"
 ALL="kube-apiserver kube-controller-manager kube-scheduler kubectl etcd helm prometheus promtool"
+NEED=${FLUIDPD_TESTPLANE_NEED:-$ALL}
 log() { echo "build-binaries: $*" >&2; }
+# Whether any of the names is needed and not built yet.
 missing() {
-  for name in "$@"; do [ -x "$BIN/$name" ] || return 0; done
+  for name in "$@"; do
+    case " $NEED " in *" $name "*) [ -x "$BIN/$name" ] || return 0 ;; esac
+  done
   return 1
 }
-# FLUIDPD_TESTPLANE_CHECK=1: only say whether everything is built (exit 1 if not); no lock.
+# FLUIDPD_TESTPLANE_CHECK=1: only say whether what is needed is built (exit 1 if not); no lock.
+# The bin directory is printed either way (its parent holds the build's lock file).
 if [ -n "${FLUIDPD_TESTPLANE_CHECK:-}" ]; then
+  echo "$BIN"
   # shellcheck disable=SC2086
   if missing $ALL; then exit 1; fi
-  echo "$BIN"
   exit 0
 fi
 # One build at a time per cache (two test sessions starting cold would race otherwise).
@@ -94,11 +101,19 @@ GO
     "$out/kubectl" "$out/etcd" "$BIN/"
 fi
 
+# go install writes into GOBIN in place: it installs into a staging dir, then a rename publishes.
+STAGE="$ROOT/stage"
+publish() {
+  for name in "$@"; do mv "$STAGE/$name" "$BIN/$name"; done
+}
+
 if missing helm; then
   log "helm v$HELM_VERSION"
-  GOBIN="$BIN" go install \
+  rm -rf "$STAGE" && mkdir -p "$STAGE"
+  GOBIN="$STAGE" go install \
     -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=v$HELM_VERSION" \
     "helm.sh/helm/v3/cmd/helm@v$HELM_VERSION"
+  publish helm
 fi
 
 if missing prometheus promtool; then
@@ -107,10 +122,12 @@ if missing prometheus promtool; then
   prom_module="v0.$((300 + prom_minor)).$(echo "$PROMETHEUS_VERSION" | cut -d. -f3)"
   log "prometheus and promtool v$PROMETHEUS_VERSION ($prom_module)"
   v=github.com/prometheus/common/version
-  GOBIN="$BIN" go install -tags remove_all_sd \
+  rm -rf "$STAGE" && mkdir -p "$STAGE"
+  GOBIN="$STAGE" go install -tags remove_all_sd \
     -ldflags "-s -w -X $v.Version=$PROMETHEUS_VERSION -X $v.Branch=release -X $v.BuildUser=fluidpd" \
     "github.com/prometheus/prometheus/cmd/prometheus@$prom_module" \
     "github.com/prometheus/prometheus/cmd/promtool@$prom_module"
+  publish prometheus promtool
 fi
 
 echo "$BIN"

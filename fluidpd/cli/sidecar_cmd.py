@@ -137,6 +137,13 @@ def add_sglang_options(parser: argparse.ArgumentParser) -> None:
         help="SGLang's --load-format (dummy: the model directory's config.json, random weights)",
     )
     g.add_argument(
+        "--sglang-dtype",
+        choices=("auto", "float16", "bfloat16", "float32"),
+        default=None,
+        help="SGLang's --dtype (default: SGLang's auto, which runs a float32 checkpoint in "
+        "float16)",
+    )
+    g.add_argument(
         "--sglang-arg",
         action="append",
         default=[],
@@ -163,6 +170,8 @@ def sglang_sidecar_args(args: argparse.Namespace) -> list[str]:
         out += ["--sglang-max-total-tokens", str(args.sglang_max_total_tokens)]
     if args.sglang_load_format:
         out += ["--sglang-load-format", args.sglang_load_format]
+    if args.sglang_dtype:
+        out += ["--sglang-dtype", args.sglang_dtype]
     return out + [f"--sglang-arg={a}" for a in args.sglang_arg]
 
 
@@ -308,6 +317,7 @@ def _run_sglang(args: argparse.Namespace, cfg: Any, text: Any) -> int:
             fluidrole=True,
             transfer_backend="mooncake",
             load_format=args.sglang_load_format,
+            dtype=args.sglang_dtype,
             max_total_tokens=args.sglang_max_total_tokens,
             # FluidToken's suffix extend is wired into SGLang's non-overlap decode loop, and any
             # worker may become a decode worker in place (FluidRole).

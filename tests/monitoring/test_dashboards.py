@@ -142,7 +142,7 @@ async def _drive(stack: LocalStack) -> tuple[int, list[dict[str, Any]]]:
 @pytest.fixture(scope="module")
 def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
     # prometheus, promtool and helm: built once by e2e/testplane/build-binaries.sh (cached).
-    bin_dir = ensure_binaries()
+    bin_dir = ensure_binaries(("helm", "prometheus", "promtool"))
     tmp = tmp_path_factory.mktemp("monitoring")
     rules, rules_file = _rendered_rules(bin_dir / "helm", tmp)
     ctl_port = free_port_block(1)

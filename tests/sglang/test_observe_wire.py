@@ -93,10 +93,11 @@ def test_new_tokens_reads_cumulative_chunks_and_the_finish() -> None:
 def test_command_line_passes_model_gpu_and_memory_through() -> None:
     cfg = SglangConfig(python="py", model_dir="/m", port=1, hook_port=2, device="cuda:3",  # type: ignore[arg-type]
                        mem_fraction=0.4, mode="prefill", bootstrap_port=5,
-                       transfer_backend="mooncake")  # fmt: skip
+                       transfer_backend="mooncake", dtype="float32")  # fmt: skip
     argv = server_command(cfg)
     joined = " ".join(argv)
     assert "--model-path /m" in joined and "--mem-fraction-static 0.4" in joined
+    assert "--dtype float32" in joined
     assert (
         "--disaggregation-mode prefill" in joined and "--disaggregation-bootstrap-port 5" in joined
     )

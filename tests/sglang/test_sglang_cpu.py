@@ -37,6 +37,10 @@ from fluidpd_sidecar.stopping import OutputStream
 ROOT = Path(__file__).resolve().parents[2]
 START_S = 600.0
 MAX_TOKENS = 4096
+#: SGLang's auto dtype runs the float32 test checkpoint in float16, where batch composition
+#: alone can flip a near-tie of greedy decoding (seen once in CI after a switch under load);
+#: every server of these tests runs float32, the plain reference included.
+DTYPE = "float32"
 
 
 def _free_ports(n: int) -> list[int]:
@@ -80,7 +84,7 @@ def _sidecar(
         sys.executable, "-m", "fluidpd.cli.main", "sidecar", "--id", wid, "--role", role,
         "--port", str(port), "--engine", "sglang", "--device", "cpu", "--model-dir", str(model),
         "--sglang-python", sglang_python, "--sglang-max-total-tokens", str(MAX_TOKENS),
-        "--sglang-start-timeout", str(START_S), *extra,
+        "--sglang-start-timeout", str(START_S), "--sglang-dtype", DTYPE, *extra,
     ]  # fmt: skip
     out = (logs / f"{wid}.out").open("wb")
     return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -126,6 +130,7 @@ def stack(
             hook_port=hp,
             device="cpu",
             max_total_tokens=MAX_TOKENS,
+            dtype=DTYPE,
             log_path=logs / "plain.log",
             start_timeout_s=START_S,
         )

@@ -27,7 +27,7 @@ import httpx
 import pytest
 from openai import AsyncOpenAI
 
-from tests.sglang.test_sglang_cpu import MAX_TOKENS, START_S, _free_ports
+from tests.sglang.test_sglang_cpu import DTYPE, MAX_TOKENS, START_S, _free_ports
 
 TOKEN = "fluidrole-test"
 N_PROMPTS = 6
@@ -62,6 +62,7 @@ def up(
         "--sglang-python", sglang_python, "--sglang-max-total-tokens", str(MAX_TOKENS),
         "--sglang-start-timeout", str(START_S), "--port", str(port), "--base-port", str(base),
         "--run-dir", str(run_dir), "--admin-token", TOKEN, "--first-token-timeout", "300",
+        "--sglang-dtype", DTYPE,
     ]  # fmt: skip
     env = {**os.environ, "FLUIDPD_LOG_DIR": str(run_dir)}
     out = (run_dir / "up.out").open("wb")

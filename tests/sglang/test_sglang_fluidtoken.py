@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 import pytest
 from openai import OpenAI
-from test_sglang_cpu import MAX_TOKENS, START_S, _free_ports, _text
+from test_sglang_cpu import DTYPE, MAX_TOKENS, START_S, _free_ports, _text
 
 from fluidpd_sidecar.sglang.server import SglangConfig, SglangServer
 from fluidpd_sidecar.sglang.wire import new_tokens
@@ -47,7 +47,7 @@ def plain(
     server = SglangServer(
         SglangConfig(
             python=sglang_python, model_dir=tiny_llama_dir, port=port, hook_port=hook,
-            device="cpu", max_total_tokens=MAX_TOKENS, start_timeout_s=START_S,
+            device="cpu", max_total_tokens=MAX_TOKENS, start_timeout_s=START_S, dtype=DTYPE,
             log_path=tmp_path_factory.mktemp("plain") / "plain.log",
         )
     )  # fmt: skip
@@ -75,6 +75,7 @@ def up(
         "--base-port", str(port + 1), "--run-dir", str(run_dir),
         "--sglang-python", sglang_python, "--sglang-max-total-tokens", str(MAX_TOKENS),
         "--sglang-start-timeout", str(START_S), "--first-token-timeout", "300",
+        "--sglang-dtype", DTYPE,
         "--force-steal", str(request.param),
     ]  # fmt: skip
     env = {**os.environ, "FLUIDPD_ADMIN_TOKEN": TOKEN, "FLUIDPD_LOG_DIR": str(run_dir)}

@@ -4,8 +4,11 @@ CPU supervising a real SGLang 0.5.17 server that fails while loading.
 - a bad model directory: FluidPD's own checks pass (config, tokenizer, generation config) but
   the weights file is truncated, so SGLang's loader fails;
 - out of memory: SGLang's own KV-pool sizing fails, as on a GPU given too small a
-  ``--mem-fraction`` (1e-6 of free memory cannot hold the weights, let alone a KV pool; the
-  pool is capped at 4,096 tokens so no setting could allocate much).
+  ``--mem-fraction``: on CPU SGLang measures the machine's available memory before and after
+  loading the weights, so the model must outweigh what other processes free meanwhile (the
+  tiny model's few MB did not, on a busy CI machine: SGLang started). The model is the tiny
+  one's tokenizer with a 1B-parameter config (about 2 GiB in float16), weights from SGLang's
+  ``--load-format dummy``, under ``--mem-fraction 1e-6``.
 
 Each sidecar answers ``/readyz`` 503 ("SGLang starting") while SGLang loads, then exits
 non-zero with one line naming the cause (SGLang's exception, not its traceback) and the log to
@@ -16,6 +19,7 @@ cores). The operator's side (a NotReady pod) is in e2e/test_operator.py.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import socket
@@ -30,6 +34,12 @@ import httpx
 import pytest
 
 START_S = 600.0
+#: A Llama of about 1.07B parameters: 16 layers of 16.8M attention and 50.3M MLP weights.
+BIG_SHAPE = {
+    "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+    "num_attention_heads": 16, "num_key_value_heads": 16, "head_dim": 128,
+}  # fmt: skip
+OOM_ARGS = ("--mem-fraction", "0.000001", "--sglang-load-format", "dummy")
 
 
 @dataclass
@@ -39,6 +49,11 @@ class Failed:
     out: Path
     readyz: list[tuple[int, str]] = field(default_factory=list)
     code: int | None = None
+
+    @property
+    def over(self) -> bool:
+        """Exited, or ready after all (then its test fails at once instead of waiting)."""
+        return self.code is not None or any(code == 200 for code, _ in self.readyz)
 
     @property
     def lines(self) -> list[str]:
@@ -74,15 +89,20 @@ def failures(
     shutil.copytree(tiny_llama_dir, bad)
     for weights in bad.glob("*.safetensors"):
         weights.write_bytes(weights.read_bytes()[:1000])
+    big = logs / "big-model"
+    shutil.copytree(tiny_llama_dir, big)
+    config = json.loads((big / "config.json").read_text())
+    config.update(BIG_SHAPE)
+    (big / "config.json").write_text(json.dumps(config))
     runs = {
         "bad-model": _start(sglang_python, bad, "badmodel", logs),
-        "oom": _start(sglang_python, tiny_llama_dir, "oom", logs, "--mem-fraction", "0.000001"),
+        "oom": _start(sglang_python, big, "oom", logs, *OOM_ARGS),
     }
     try:
         t0 = time.monotonic()
-        while time.monotonic() - t0 < START_S + 60 and any(r.code is None for r in runs.values()):
+        while time.monotonic() - t0 < START_S + 60 and not all(r.over for r in runs.values()):
             for r in runs.values():
-                if r.code is not None:
+                if r.over:
                     continue
                 r.code = r.proc.poll()
                 with contextlib.suppress(httpx.HTTPError):

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import aiohttp
 
+from fluidpd.procs import die_with_parent
+
 log = logging.getLogger("fluidpd.sidecar.sglang")
 
 #: The directory that holds ``fluidpd_sidecar`` (put on SGLang's ``PYTHONPATH``).
@@ -50,6 +52,8 @@ class SglangConfig:
     #: "mooncake" for real P/D transfers; None leaves SGLang's default.
     transfer_backend: str | None = None
     load_format: str | None = None
+    #: SGLang's --dtype; None leaves SGLang's auto rule.
+    dtype: str | None = None
     context_length: int | None = None
     max_total_tokens: int | None = None
     extra_args: tuple[str, ...] = ()
@@ -97,6 +101,8 @@ def server_command(cfg: SglangConfig) -> list[str]:
         argv += ["--context-length", str(cfg.context_length)]
     if cfg.load_format is not None:
         argv += ["--load-format", cfg.load_format]
+    if cfg.dtype is not None:
+        argv += ["--dtype", cfg.dtype]
     if cfg.mode != "null":
         # A FluidRole worker starts as the role-neutral superset (roleswitch's docstring).
         argv += ["--disaggregation-mode", "decode" if cfg.fluidrole else cfg.mode]
@@ -217,6 +223,9 @@ class SglangServer:
                 stderr=asyncio.subprocess.STDOUT,
                 stdin=asyncio.subprocess.DEVNULL,
                 start_new_session=True,  # its scheduler/detokenizer children go with it
+                # A SIGKILLed sidecar must not leave SGLang holding the GPU: SGLang gets the
+                # SIGTERM a pod stop would give, and its launcher then ends its own children.
+                preexec_fn=die_with_parent(signal.SIGTERM),
             )
         except OSError as exc:
             raise SglangError(f"cannot run SGLang's python {cfg.python}: {exc}") from None
