@@ -64,6 +64,8 @@ async def phase(stack: LocalStack, model: str, prompts: list[list[int]], max_tok
                 await asyncio.sleep(0.02)
             print(f"switching w1 with {most} active", flush=True)
             before = await get_json(s, f"{w1}/pressure")
+            # The target's room at the switch: what the drain's plan sees of it.
+            peer = await get_json(s, f"{w2}/pressure")
             body = {"role": "prefill", "drain": "migrate", "migrate_to": [w2]}
             t0 = time.time()
             async with s.post(f"{w1}/role", json=body) as r:
@@ -75,7 +77,10 @@ async def phase(stack: LocalStack, model: str, prompts: list[list[int]], max_tok
                 await asyncio.sleep(0.01)
             switch = {"active_at_switch": before["batch"], "drain_s":
                       round(p["last_switch_finished"] - p["last_switch_started"], 3),
-                      "observed_s": round(time.time() - t0, 3), "t0": t0}  # fmt: skip
+                      "observed_s": round(time.time() - t0, 3), "t0": t0,
+                      "peer_at_switch": {k: peer.get(k) for k in
+                                         ("batch", "kv_capacity", "kv_used", "kv_reserved")},
+                      }  # fmt: skip
         results = await asyncio.gather(*tasks)
         if switch_at is not None:
             # The sidecar's own record of where the drain's time went (every move has ended:
