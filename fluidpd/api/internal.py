@@ -192,7 +192,8 @@ class DrainReport(_Model):
     """Where the last decode drain ``migrate`` spent its time (``GET /role``): seconds from the
     drain's start, summed over requests for the per-request phases."""
 
-    #: Requests moved to a peer / finished here / refused by a peer (retried later).
+    #: Requests moved to a peer / finished here / adoptions a peer refused (retried in a
+    #: later round, except those refused for good: HTTP 400) / moves that failed.
     moved: int = 0
     finished_here: int = 0
     refused: int = 0

@@ -15,7 +15,7 @@ Used by the simulator (``fluidpd.sim.simulator``) and the sidecar
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 
@@ -50,16 +50,21 @@ def worth_moving(m: Migrant, tpot_s: float) -> bool:
 
 
 def plan_migration(
-    migrants: Sequence[Migrant], peers: Sequence[Peer], tpot_s: float
+    migrants: Sequence[Migrant],
+    peers: Sequence[Peer],
+    tpot_s: float,
+    barred: Collection[tuple[int, str]] = (),
 ) -> list[tuple[int, str]]:
-    """(rid, peer name) moves, in the order to make them."""
+    """(rid, peer name) moves, in the order to make them; never a ``barred`` (rid, peer) pair
+    (a peer that refused that request for good)."""
     room = {p.name: [p.free_tokens, p.free_slots] for p in peers}
     order = sorted(
         (m for m in migrants if worth_moving(m, tpot_s)), key=lambda m: (-m.remaining, m.rid)
     )
     plan: list[tuple[int, str]] = []
     for m in order:
-        fits = [n for n, (tokens, slots) in room.items() if tokens >= m.commitment and slots > 0]
+        fits = [n for n, (tokens, slots) in room.items()
+                if tokens >= m.commitment and slots > 0 and (m.rid, n) not in barred]  # fmt: skip
         if not fits:
             continue
         best = max(fits, key=lambda n: (room[n][0], n))

@@ -42,6 +42,8 @@ if [ "${1:-drain}" = drain ]; then
     {
       echo "===== $T"
       grep -h "drain migrate\|switch .* done\|Error\|error" $OUT/migrate-drain-stack/*.log | tail -40
+      echo "refused adoptions: $(grep -c "migration of .* refused" $OUT/migrate-drain-stack/w1.log)"
+      grep -h "migration of .* refused" $OUT/migrate-drain-stack/w1.log | head -3
       grep -h "migrated to" $OUT/migrate-drain-stack/w1.log | head -3
       grep -h "migrated to" $OUT/migrate-drain-stack/w1.log | tail -3
     } >> $OUT/drain-logs.txt 2>/dev/null

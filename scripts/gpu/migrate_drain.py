@@ -44,8 +44,25 @@ async def _one(s: aiohttp.ClientSession, endpoint: str, model: str, ids: list[in
     return {"text": data["choices"][0]["text"], "tokens": data["usage"]["completion_tokens"]}
 
 
+async def set_role(stack: LocalStack, worker: str, role: str, settle: float = 1.5) -> None:
+    """Switches ``worker`` (idle) to ``role`` and waits until it is Active there, and then
+    ``settle`` seconds for the router to see it (it polls ``/pressure`` twice a second)."""
+    url = stack.workers[worker]
+    async with admin_session(stack.token) as s:
+        async with s.post(f"{url}/role", json={"role": role}) as r:
+            assert r.status == 200, await r.text()
+        while True:
+            p = await get_json(s, f"{url}/pressure")
+            if p["role"] == role and p["state"] == "active":
+                break
+            await asyncio.sleep(0.01)
+    await asyncio.sleep(settle)
+
+
 async def phase(stack: LocalStack, model: str, prompts: list[list[int]], max_tokens: int,
-                switch_at: int | None) -> dict[str, Any]:  # fmt: skip
+                switch_at: int | None, idle_target: bool = False) -> dict[str, Any]:  # fmt: skip
+    """``idle_target``: w2 is a prefill worker until w1 holds its requests, then a decode
+    worker with none of its own when w1 switches (its batch after the drain is w1's)."""
     async with admin_session(stack.token) as s:
         tasks = [asyncio.create_task(_one(s, stack.endpoint, model, p, max_tokens))
                  for p in prompts]  # fmt: skip
@@ -62,8 +79,14 @@ async def phase(stack: LocalStack, model: str, prompts: list[list[int]], max_tok
                 if most >= switch_at or (most >= 4 and now <= most - 2):
                     break
                 await asyncio.sleep(0.02)
+            if idle_target:
+                # Every request is on w1 now (paired when it arrived): the router may see w2
+                # as a decode worker whenever it likes.
+                await set_role(stack, "w2", "decode", settle=0.0)
             print(f"switching w1 with {most} active", flush=True)
             before = await get_json(s, f"{w1}/pressure")
+            # The target's room at the switch: what the drain's plan sees of it.
+            peer = await get_json(s, f"{w2}/pressure")
             body = {"role": "prefill", "drain": "migrate", "migrate_to": [w2]}
             t0 = time.time()
             async with s.post(f"{w1}/role", json=body) as r:
@@ -75,7 +98,10 @@ async def phase(stack: LocalStack, model: str, prompts: list[list[int]], max_tok
                 await asyncio.sleep(0.01)
             switch = {"active_at_switch": before["batch"], "drain_s":
                       round(p["last_switch_finished"] - p["last_switch_started"], 3),
-                      "observed_s": round(time.time() - t0, 3), "t0": t0}  # fmt: skip
+                      "observed_s": round(time.time() - t0, 3), "t0": t0,
+                      "peer_at_switch": {k: peer.get(k) for k in
+                                         ("batch", "kv_capacity", "kv_used", "kv_reserved")},
+                      }  # fmt: skip
         results = await asyncio.gather(*tasks)
         if switch_at is not None:
             # The sidecar's own record of where the drain's time went (every move has ended:
@@ -112,14 +138,19 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=512)
     ap.add_argument("--model", default="llama-3.1-8b", help="the served model name")
     ap.add_argument("--no-control", action="store_true", help="skip the control phase")
+    ap.add_argument("--idle-target", action="store_true",
+                    help="send --active requests, not twice that, all decoded on w1 (w2 is "
+                    "a prefill worker until just before the drain): the target's batch after "
+                    "the drain is w1's, in the reference's decode bucket")  # fmt: skip
     ap.add_argument("--out", required=True)
     ap.add_argument("up", nargs="*", help="after --: extra fluidpd up arguments")
     args = ap.parse_args()
     rng = random.Random(0)
     # Ids every model here has (the tiny CPU twins have 512): random prompts, so no prefix is
     # shared between requests.
+    n = args.active if args.idle_target else 2 * args.active
     prompts = [[rng.randrange(10, 500) for _ in range(args.prompt_len)]
-               for _ in range(2 * args.active)]  # fmt: skip
+               for _ in range(n)]  # fmt: skip
     run_dir = Path(args.out).parent / "migrate-drain-stack"
     out: dict[str, Any] = {"command": "python " + " ".join(sys.argv), "args": vars(args)}
     ref_text: list[str | None] = []
@@ -140,6 +171,8 @@ def main() -> None:
     t0 = time.time()
     with LocalStack(run_dir, "1P2D", "static", *args.up, token="migrate-drain") as stack:
         out["ready_s"] = round(time.time() - t0, 1)
+        if args.idle_target:
+            asyncio.run(set_role(stack, "w2", "prefill"))
         save(f"stack ready after {out['ready_s']} s")
         ref = asyncio.run(phase(stack, args.model, prompts, args.max_tokens, None))
         ref_text = [r.get("text") for r in ref["results"]]
@@ -148,7 +181,8 @@ def main() -> None:
             ctl = asyncio.run(phase(stack, args.model, prompts, args.max_tokens, None))
             out["control_vs_reference"] = same(ctl)
             save(f"control phase done at {time.time() - t0:.0f} s")
-        mig = asyncio.run(phase(stack, args.model, prompts, args.max_tokens, args.active))
+        mig = asyncio.run(phase(stack, args.model, prompts, args.max_tokens, args.active,
+                                args.idle_target))  # fmt: skip
         out["migrated_vs_reference"] = same(mig)
         out["switch"] = mig["switch"]
         out["moves"] = moves_after(run_dir / "w1.log", mig["switch"].get("t0", 0.0))

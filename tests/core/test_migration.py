@@ -39,3 +39,12 @@ def test_a_request_about_to_finish_stays() -> None:
     assert not worth_moving(near, tpot_s=0.02)
     assert worth_moving(_m(2, remaining=20, move_s=0.1), tpot_s=0.02)
     assert plan_migration([near], [Peer("a", 10_000, 8)], tpot_s=0.02) == []
+
+
+def test_a_pair_refused_for_good_is_not_planned_again() -> None:
+    """A peer that refused a request for good (HTTP 400) is not asked for it again; another
+    peer with room takes it, and with none it finishes here."""
+    peers = [Peer("a", 1000, 8), Peer("b", 300, 8)]
+    plan = plan_migration([_m(1), _m(2, remaining=40)], peers, tpot_s=0.02, barred={(1, "a")})
+    assert plan == [(1, "b"), (2, "a")]
+    assert plan_migration([_m(1)], peers, tpot_s=0.02, barred={(1, "a"), (1, "b")}) == []

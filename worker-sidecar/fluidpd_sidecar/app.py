@@ -25,7 +25,7 @@ from fluidpd.api.internal import (
 )
 from fluidpd.core.types import RoleState
 from fluidpd_sidecar.http_base import INVALID, UNAUTHORIZED, detail, worker_app
-from fluidpd_sidecar.service import BadRequest, SidecarConfig, SidecarService
+from fluidpd_sidecar.service import SidecarConfig, SidecarService
 
 NDJSON = "application/x-ndjson"
 STREAM: dict[int | str, dict[str, Any]] = {
@@ -45,14 +45,23 @@ HALF = {
 PEER = {**UNAUTHORIZED, **INVALID, **detail(s404="no such request here")}
 
 
-def bounds(cfg: SidecarConfig) -> Callable[[dict[str, Any]], None]:
-    """This worker's vocabulary and context limit, stated in its request bodies' schemas."""
+def bounds(cfg: SidecarConfig, output_vocab: int | None = None) -> Callable[[dict[str, Any]], None]:
+    """This worker's vocabularies and context limit, stated in its request bodies' schemas:
+    prompts are the served tokenizer's ids; a migrating request's outputs are ids its engine
+    sampled (``Migration.output_vocab``; the tokenizer's when not given)."""
     ids = {"PrefillHalf": ("prompt_ids",), "DecodeHalf": ("prompt_ids",),
-           "SamplingParams": ("stop_token_ids",), "Adopt": ("output_ids",)}  # fmt: skip
-    return token_bounds(
-        cfg.model.vocab_size, cfg.context_limit, ids,
-        {"SamplingParams": ("max_new_tokens",)},
-    )  # fmt: skip
+           "SamplingParams": ("stop_token_ids",)}  # fmt: skip
+    lengths = {"SamplingParams": ("max_new_tokens",)}
+    prompts = token_bounds(cfg.model.vocab_size, cfg.context_limit, ids, lengths)
+    outputs = token_bounds(
+        output_vocab or cfg.model.vocab_size, cfg.context_limit, {"Adopt": ("output_ids",)}, {}
+    )
+
+    def patch(models: dict[str, Any]) -> None:
+        prompts(models)
+        outputs(models)
+
+    return patch
 
 
 def create_app(service: SidecarService) -> FastAPI:
@@ -61,7 +70,10 @@ def create_app(service: SidecarService) -> FastAPI:
         return (True, "ready") if state is RoleState.ACTIVE else (False, state.value)
 
     app, Admin, body = worker_app(
-        service, f"FluidPD worker sidecar {service.cfg.worker_id}", ready, bounds(service.cfg)
+        service,
+        f"FluidPD worker sidecar {service.cfg.worker_id}",
+        ready,
+        bounds(service.cfg, service.output_vocab),
     )
     prefill_body, prefill_doc = body(PrefillHalf)
     decode_body, decode_doc = body(DecodeHalf)
@@ -147,9 +159,6 @@ def create_app(service: SidecarService) -> FastAPI:
         )},
     )  # fmt: skip
     async def adopt(req: Annotated[Adopt, adopt_body]) -> dict[str, Any]:
-        vocab = service.cfg.model.vocab_size
-        if req.output_ids and (min(req.output_ids) < 0 or max(req.output_ids) >= vocab):
-            raise BadRequest(f"output_ids: token ids must be in [0, {vocab})")
         dest = service.adopt(req)
         if dest is None:
             return {"ok": True, "kv_pull": service.pulls(req.half.rid)}

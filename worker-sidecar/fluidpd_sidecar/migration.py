@@ -47,6 +47,14 @@ class Migration(Intake):
         """This worker's transport reads a peer's staged KV in place (see the module)."""
         return self._moves_kv and can_pull(self.transfer)
 
+    @property
+    def output_vocab(self) -> int:
+        """The ids a migrating request's output tokens can have: the engine's vocabulary (they
+        are what its sampler chose, and may lie past the served tokenizer's: the gpu engine's
+        named shapes with the embedded tokenizer, 128,256 ids for llama-3.1-8b against 1,024;
+        the source detokenized them all the same), else the served model's."""
+        return int(getattr(self.engine, "vocab_size", 0)) or self.cfg.model.vocab_size
+
     def adopt(self, body: Adopt) -> KVDest | None:
         """Takes over a request migrating in; returns where its KV is to be written (None: it
         moves no bytes, or this worker will pull them, see ``pulls``)."""
@@ -55,6 +63,9 @@ class Migration(Intake):
             raise Conflict(f"engine {self.engine.name} cannot adopt a request without its KV")
         half = body.half
         check_half(half, self.cfg.context_limit, self.cfg.model.vocab_size)
+        vocab = self.output_vocab
+        if body.output_ids and (min(body.output_ids) < 0 or max(body.output_ids) >= vocab):
+            raise BadRequest(f"output_ids: token ids must be in [0, {vocab})")
         if half.rid in self.decode_halves or half.rid in self._unclaimed:
             raise Conflict(f"request {half.rid} is already here")
         state = self._decode_state(half, body.output_ids)
@@ -137,7 +148,7 @@ class Migration(Intake):
         if not d.migrate_on_drain or not d.active or d.running is not None:
             return
         move_s = self.cfg.profile.transfer_model().time
-        plan = plan_migration(d.migrants(move_s), await self._peer_room(), d.step_s())
+        plan = plan_migration(d.migrants(move_s), await self._peer_room(), d.step_s(), self._barred)
         report = self._drain_report
         if plan:
             report.rounds += 1
@@ -176,8 +187,14 @@ class Migration(Intake):
         report.adopt_s += time.time() - t0
         for (rid, target, half, _), answer in zip(moves, answers, strict=True):
             if isinstance(answer, BaseException):
-                log.info("migration of %d to %s refused: %s", rid, target, answer)
                 report.refused += 1
+                if isinstance(answer, PeerError) and answer.status == 400:
+                    # Not a matter of room: asking again would be refused again, every round
+                    # of the drain. It finishes here unless another peer takes it.
+                    self._barred.add((rid, target))
+                    log.warning("migration of %d to %s refused for good: %s", rid, target, answer)
+                else:
+                    log.info("migration of %d to %s refused: %s", rid, target, answer)
                 continue
             if rid not in d.active:
                 # Finished or aborted while we asked: the adopted copy must not decode alone.

@@ -18,7 +18,11 @@ log = logging.getLogger("fluidpd.sidecar.peers")
 
 
 class PeerError(RuntimeError):
-    """A peer did not answer, or answered with an error."""
+    """A peer did not answer, or answered with an error (``status``: its HTTP status)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class Peers:
@@ -54,7 +58,7 @@ class Peers:
             raise PeerError(f"{url}{path}: {type(exc).__name__}: {exc}") from exc
         if status >= 400:
             detail = f": {content[:200].decode(errors='replace')}" if body is not None else ""
-            raise PeerError(f"{url}{path}: HTTP {status}{detail}")
+            raise PeerError(f"{url}{path}: HTTP {status}{detail}", status)
         data = orjson.loads(content) if content else {}
         return data if isinstance(data, dict) else {}
 

@@ -36,6 +36,7 @@ class Roles(Migration):
     def _new_drain_report(self, source: Role, drain: DrainMode) -> None:
         if source is Role.DECODE and drain is DrainMode.MIGRATE:
             self._drain_report = self._last_drain = DrainReport()
+            self._barred = set()
 
     def request_role(self, body: RoleRequest) -> RoleStatus:
         w = self.worker

@@ -68,6 +68,9 @@ class ServiceState:
         #: Where the running (or last) decode drain ``migrate`` spends its time.
         self._drain_report = DrainReport()
         self._last_drain: DrainReport | None = None
+        #: (request, peer) pairs of this drain that the peer refused for good (HTTP 400: the
+        #: request is not one it can serve): not asked again; the request finishes here.
+        self._barred: set[tuple[int, str]] = set()
         #: Migrations out whose KV is still on its way.
         self._moving = 0
         #: A retirement nobody completed (the worker was not deleted) ends at this time.

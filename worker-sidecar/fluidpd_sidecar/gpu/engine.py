@@ -165,6 +165,12 @@ class GpuEngine:
             )
         self._requests[rid] = _Request(ids, sampling, [SampledToken(int(t)) for t in output_ids])
 
+    @property
+    def vocab_size(self) -> int:
+        """Token ids this engine samples and takes (the model's; the served tokenizer may have
+        fewer)."""
+        return self.cfg.vocab
+
     def kv_wire_bytes(self, tokens: int) -> int:
         return wire.wire_bytes(self.cfg, tokens, self.runner.weights.embed.element_size())
 
