@@ -19,6 +19,9 @@ from dataclasses import dataclass
 ENGINES = ("sim", "gpu", "sglang")
 #: KV hand-off transports (``--kv-transfer``).
 TRANSFERS = ("sim", "mooncake", "shm", "cuda-ipc")
+#: ``--sglang-prefill-window``: requests FluidToken's planner has in an SGLang prefill server at
+#: once (one computing, the others' KV in transfer; SGLang's Mooncake transfers overlap).
+SGLANG_PREFILL_WINDOW = 4
 
 
 @dataclass(frozen=True, slots=True)

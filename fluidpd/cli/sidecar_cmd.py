@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
-from fluidpd.api.commands import ENGINES, TRANSFERS
+from fluidpd.api.commands import ENGINES, SGLANG_PREFILL_WINDOW, TRANSFERS
 from fluidpd.cli.errors import UserError
 from fluidpd.cli.options import (
     GPU_HELP,
@@ -151,6 +151,15 @@ def add_sglang_options(parser: argparse.ArgumentParser) -> None:
         help="one more SGLang server flag (repeatable), e.g. --sglang-arg=--disable-cuda-graph",
     )
     g.add_argument(
+        "--sglang-prefill-window",
+        type=positive_int,
+        default=SGLANG_PREFILL_WINDOW,
+        metavar="N",
+        help="FluidToken on a prefill worker: at most N requests in SGLang at once; the next is "
+        "released when SGLang's forward of the previous is done, while its KV is still in "
+        "transfer (1: one request's whole call, compute and transfer, at a time)",
+    )
+    g.add_argument(
         "--sglang-start-timeout",
         type=positive_float,
         default=900.0,
@@ -162,6 +171,7 @@ def add_sglang_options(parser: argparse.ArgumentParser) -> None:
 def sglang_sidecar_args(args: argparse.Namespace) -> list[str]:
     """The ``add_sglang_options`` flags of a parsed command line, for a sidecar's (``up``)."""
     out: list[str] = ["--sglang-start-timeout", str(args.sglang_start_timeout)]
+    out += ["--sglang-prefill-window", str(args.sglang_prefill_window)]
     if args.sglang_python:
         out += ["--sglang-python", args.sglang_python]
     if args.mem_fraction is not None:
@@ -334,7 +344,7 @@ def _run_sglang(args: argparse.Namespace, cfg: Any, text: Any) -> int:
         )
     )
     configure_logging(args.log_level, args.id)
-    service = SglangService(cfg, server, text)
+    service = SglangService(cfg, server, text, prefill_window=args.sglang_prefill_window)
     # uvicorn re-raises the SIGTERM it shut down on once it returns. The service sends itself
     # one when SGLang cannot start or dies for good, and then the user must see why (the one
     # line below, exit 2), not a bare death by signal; a pod's SIGTERM still shuts down cleanly.

@@ -1,13 +1,23 @@
 """Live 2P2D on the one GPU: four SGLang 0.5.17 servers, each under ``fluidpd sidecar --engine
 sglang`` (Llama-3.1-8B shape, dummy weights, SGLang's own P/D with KV over Mooncake TCP), and
-``fluidpd replay`` of a slice of the Azure mixed workload against them twice:
+``fluidpd replay`` of a slice of the Azure mixed workload against them (``--runs``, default all
+three, in this order):
 
 1. ``static``: plain SGLang P/D, sglang_minilb.py (SGLang's mini_lb protocol: a random prefill
    and decode server per request) straight onto the four SGLang servers, no FluidPD code;
-2. ``fluidpd``: FluidPD's router -> the sidecars (FluidToken as the sidecar runs it) plus
-   FluidPD's controller (FluidRole) for the length of the replay.
+2. ``fluidtoken``: FluidPD's router -> the sidecars (FluidToken, the prefill planner pipelined
+   with ``--prefill-window``), no controller: the roles stay 2P2D;
+3. ``fluidpd``: the same plus FluidPD's controller (FluidRole) for the length of the replay,
+   with the predictive switch rule on the router's arrivals (``fluidpd controller --router
+   --profile --ttft-slo --tpot-slo``).
 
-Same servers, same slice, same rate, one after the other. The slice (a CSV in the Azure
+Sidecars and controller read one profile: profiles/llama-3.1-8b-h200.yaml (the 8B shape
+measured on the H200) with this deployment's KV pool (``--kv-tokens``), running cap
+(``--graph-bs``) and SGLang's Mooncake TCP bandwidth on this host (``--transfer-gbps``, 0.27
+measured in results/sglang/h200-pd-2026-12-02) put in; written to OUT/profile.yaml.
+
+Same servers, same slice, same rate, one after the other; every SGLang radix cache is flushed
+between two runs. The slice (a CSV in the Azure
 columns, made here by sglang_slice.py from shared/data/traces) travels in .sglwhl/slice.
 Optional CUDA MPS (set up by sglang_live.sh): each worker's SGLang process gets
 CUDA_MPS_ACTIVE_THREAD_PERCENTAGE. Writes OUT/live.json (progress, attainment, the router's
@@ -52,6 +62,31 @@ from sglang_stack import (
 )
 
 from fluidpd_sidecar.sglang.server import free_ports
+
+RUNS = ("static", "fluidtoken", "fluidpd")
+
+
+def live_profile(args: argparse.Namespace, out: Path) -> Path:
+    """The H200 8B profile with this deployment's KV pool, running cap and transfer speed."""
+    import yaml  # noqa: PLC0415 - FluidPD's dependency, not the script's
+
+    from fluidpd.core.profile import Profile  # noqa: PLC0415
+
+    src = Path(__file__).resolve().parents[2] / "profiles" / "llama-3.1-8b-h200.yaml"
+    data = yaml.safe_load(src.read_text())
+    data["name"] = "llama-3.1-8b-h200-sglang-live"
+    data["kv"]["capacity_tokens"] = args.kv_tokens
+    data["max_running_requests"] = args.graph_bs
+    data["transfer"]["bandwidth_gb_per_s"] = args.transfer_gbps
+    data["notes"] = (
+        f"{data.get('notes', '')}\nsglang_live.py: {src.name} with this deployment's KV pool "
+        f"({args.kv_tokens} tokens a worker), running cap ({args.graph_bs}) and SGLang's Mooncake "
+        f"TCP bandwidth on the H200 host ({args.transfer_gbps} GB/s, h200-pd-2026-12-02)."
+    )
+    Profile.model_validate(data)
+    path = out / "profile.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
 
 
 def replay(
@@ -128,8 +163,10 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         for w in workers:
             pctv = args.mps_prefill if w.role == "prefill" else args.mps_decode
             w.env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(pctv)
+    profile = live_profile(args, out)
     common = sidecar_args(
-        args, model, "--sglang-max-total-tokens", str(args.kv_tokens),
+        args, model, "--sglang-max-total-tokens", str(args.kv_tokens), "--profile", str(profile),
+        "--sglang-prefill-window", str(args.prefill_window),
         "--mem-fraction", str(args.mem), "--ttft-slo", str(args.ttft_slo),
         "--tpot-slo", str(args.tpot_slo), "--log-level", "warning",
         f"--sglang-arg=--context-length={args.context_limit}",
@@ -142,6 +179,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "command": " ".join(sys.argv), "mps": args.mps, "slice": args.slice, "rps": args.rps,
         "requests": args.requests, "slo": {"ttft_s": args.ttft_slo, "tpot_s": args.tpot_slo},
         "kv_tokens_per_worker": args.kv_tokens, "mem_fraction": args.mem, "runs": {},
+        "prefill_window": args.prefill_window, "profile": str(profile),
     }  # fmt: skip
     t_start = time.monotonic()
     replay_out = work / "replay"
@@ -167,20 +205,32 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                     complete(c, base, name, random_ids(rng, 256, vocab), 8)
                     for _ in range(8)
                 ))  # fmt: skip
-            rep["runs"]["static"] = replay(args, static, "static", replay_out, token)
-            rep["runs"]["static"]["pressure_after"] = await pressures(c, workers)
-            rep["elapsed_s"] = time.monotonic() - t_start
-            write_json(out / "live.json", rep)
-            stack.stop("minilb")
-            # Same prompts again on empty caches; if a flush is refused, other prompts (seed 1:
-            # same lengths and arrival times) so that no cached prefix favours the second run.
-            rep["flushed"] = await flush_caches(c, stack, workers)
-            stack.start("controller", [*FLUIDPD, "controller", "--router", fluid,
-                                       "--log-level", "info", *args.controller_arg])  # fmt: skip
-            await asyncio.sleep(2.0)
-            seed = 0 if rep["flushed"] else 1
-            rep["runs"]["fluidpd"] = replay(args, fluid, "fluidpd", replay_out, token, seed)
-            rep["runs"]["fluidpd"]["pressure_after"] = await pressures(c, workers)
+            rep["flushed"] = {}
+            for k, label in enumerate(r for r in RUNS if r in args.runs):
+                if k:
+                    # Same prompts again on empty caches; if a flush is refused, other prompts
+                    # (seed k: same lengths and arrival times) so that no cached prefix
+                    # favours a later run.
+                    rep["flushed"][label] = await flush_caches(c, stack, workers)
+                if label == "fluidpd":
+                    stack.start("controller", [
+                        *FLUIDPD, "controller", "--router", fluid, "--profile", str(profile),
+                        "--ttft-slo", str(args.ttft_slo), "--tpot-slo", str(args.tpot_slo),
+                        "--switch-rule", "predictive", "--log-level", "info",
+                        *args.controller_arg,
+                    ])  # fmt: skip
+                    await asyncio.sleep(2.0)
+                seed = 0 if rep["flushed"].get(label, True) else k
+                base = static if label == "static" else fluid
+                rep["runs"][label] = replay(args, base, label, replay_out, token, seed)
+                rep["runs"][label]["pressure_after"] = await pressures(c, workers)
+                rep["runs"][label]["sglang_after"] = {
+                    w.wid: await sglang_info(c, stack, w) for w in workers
+                }
+                rep["elapsed_s"] = time.monotonic() - t_start
+                write_json(out / "live.json", rep)
+                if label == "static":
+                    stack.stop("minilb")
             stats = await c.get(f"{fluid}/admin/stats", headers=stack.headers)
             rep["router_stats"] = stats.json() if stats.status_code == 200 else stats.text[:300]
             roles = {}
@@ -194,7 +244,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         # Also on SIGTERM (KeyboardInterrupt here): stop every server, keep what was measured.
         stack.stop()
-        stack.logs(out / "logs.txt", lines=40)
+        stack.logs(out / "logs.txt", lines=args.log_lines)
         rep["elapsed_s"] = time.monotonic() - t_start
         results = replay_out / "results.json"
         if results.exists():
@@ -227,6 +277,12 @@ def main() -> int:
     p.add_argument("--tpot-slo", type=float, default=0.05)
     p.add_argument("--request-timeout", type=float, default=30.0, help="no first token: failed")
     p.add_argument("--replay-timeout", type=float, default=90.0, help="one replay's limit, s")
+    p.add_argument("--runs", nargs="+", choices=RUNS, default=list(RUNS), help="in this order")
+    p.add_argument("--prefill-window", type=int, default=4,
+                   help="the sidecars' --sglang-prefill-window")  # fmt: skip
+    p.add_argument("--transfer-gbps", type=float, default=0.27,
+                   help="KV transfer GB/s in the profile (SGLang's Mooncake TCP here)")  # fmt: skip
+    p.add_argument("--log-lines", type=int, default=60, help="tail of each log in logs.txt")
     p.add_argument("--sidecar-arg", action="append", default=[])
     p.add_argument("--controller-arg", action="append", default=[])
     args = p.parse_args()

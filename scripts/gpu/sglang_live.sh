@@ -8,8 +8,9 @@
 # CUDA MPS: if nvidia-cuda-mps-control exists and a CUDA context (with a graph capture) works
 # under it within 60 s, the workers run as MPS clients with CUDA_MPS_ACTIVE_THREAD_PERCENTAGE
 # (MPS_P / MPS_D, default 50 each); otherwise without MPS (time-sliced), and live.json says
-# which. About 4.5 min. Output (<= 8 files): $OUT/live.json, results.json, table.txt, logs.txt,
-# install.txt, mps.txt, DONE.
+# which. About 7 min (three replays). Output (<= 8 files): $OUT/live.json, results.json,
+# table.txt, logs.txt, install.txt, mps.txt, profile.yaml, DONE. RUNS (default "static
+# fluidtoken fluidpd") picks the runs, WINDOW (default 4) the sidecars' --sglang-prefill-window.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 . scripts/gpu/sglang_env.sh
@@ -48,9 +49,10 @@ else
   echo "no MPS (MPS=${MPS:-auto}, nvidia-cuda-mps-control: $(command -v nvidia-cuda-mps-control || echo absent))" > "$OUT/mps.txt"
 fi
 cat "$OUT/mps.txt"
-timeout -k 20 330 python3 scripts/gpu/sglang_live.py --out "$OUT" --python "$(command -v python3)" \
+timeout -k 20 480 python3 scripts/gpu/sglang_live.py --out "$OUT" --python "$(command -v python3)" \
   --slice "$SLICE" --rps "${RPS:-2.5}" --requests "${N:-100}" --ttft-slo "${TTFT_SLO:-2}" \
-  --tpot-slo "${TPOT_SLO:-0.05}" "${MPS_FLAG[@]}" || echo "live rc=$?"
+  --tpot-slo "${TPOT_SLO:-0.05}" --runs ${RUNS:-static fluidtoken fluidpd} \
+  --prefill-window "${WINDOW:-4}" "${MPS_FLAG[@]}" || echo "live rc=$?"
 if [ "$mps_started" = 1 ]; then
   [ -d /tmp/fluidpd-mps/log ] && tail -n 20 /tmp/fluidpd-mps/log/control.log >> "$OUT/mps.txt" 2>/dev/null
   echo quit | timeout 20 nvidia-cuda-mps-control

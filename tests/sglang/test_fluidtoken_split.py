@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
+from collections import defaultdict
+from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -130,6 +131,114 @@ def test_a_split_the_decode_peer_did_not_take_is_prefilled_whole() -> None:
     assert planner.stolen_tokens == 0
 
 
+class Engine:
+    """SGLang's prefill server as the planner sees it: one call per request, answered when the
+    test says so (its KV sent), and the hook's ``/forwarded`` long poll, answered once the test
+    says the request's forward is done."""
+
+    def __init__(self) -> None:
+        self.started: dict[int, asyncio.Event] = defaultdict(asyncio.Event)
+        self.forward: dict[int, asyncio.Event] = defaultdict(asyncio.Event)
+        self.answer: dict[int, asyncio.Event] = defaultdict(asyncio.Event)
+        self.log: list[tuple[str, int]] = []
+
+    async def call(self, half: PrefillHalf, ids: list[int]) -> PrefillOutcome:
+        self.log.append(("start", half.rid))
+        self.started[half.rid].set()
+        await self.answer[half.rid].wait()
+        self.log.append(("answered", half.rid))
+        return PrefillOutcome(status="done")
+
+    async def forwarded(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        try:
+            await asyncio.wait_for(self.forward[int(body["rid"])].wait(), float(body["timeout"]))
+        except TimeoutError:
+            return web.json_response({"forwarded": False})
+        return web.json_response({"forwarded": True})
+
+
+async def _until(cond: Callable[[], bool]) -> None:
+    while not cond():
+        await asyncio.sleep(0.005)
+
+
+async def _pipeline(window: int) -> tuple[list[tuple[str, int]], PrefillPlanner]:
+    """Three requests queued at once on a planner with ``window``; the test forwards and
+    answers them one step at a time, and checks what is in SGLang at each step."""
+    engine = Engine()
+    app = web.Application()
+    app.router.add_post("/forwarded", engine.forwarded)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    peers = Peers(None)
+
+    async def abort(rid: int) -> None:
+        return None
+
+    # beta 0 forced: nothing stolen, so no suffix commit; every request is a whole prefill.
+    planner = PrefillPlanner(
+        "p0", PROFILE, SLO_, CFG, 0.0, peers, engine.call, abort, url, window=window
+    )
+    planner.start()
+    try:
+        halves = [planner.prefill(_half(rid, 10, url)) for rid in (1, 2, 3)]
+        done = asyncio.gather(*halves)
+        await asyncio.wait_for(engine.started[1].wait(), 10)
+        engine.forward[1].set()  # request 1's forward done, its KV still in transfer
+        await asyncio.wait_for(_until(lambda: planner.side.running is None or window > 1), 10)
+        if window > 1:
+            await asyncio.wait_for(engine.started[2].wait(), 10)
+            # Both in SGLang: 1 sending its KV (the core's pending hand-off), 2 computing.
+            assert planner.in_flight == 2
+            assert 1 in planner.side.transfers
+            assert planner.side.running is not None and planner.side.running.request.rid == 2
+            engine.forward[2].set()
+            await asyncio.wait_for(_until(lambda: planner.side.running is None), 10)
+        else:
+            assert not engine.started[2].is_set()  # waits for request 1's whole call
+        for rid in (1, 2, 3):
+            engine.answer[rid].set()
+            engine.forward[rid].set()
+            await asyncio.wait_for(engine.started[rid].wait(), 10)
+        outcomes = await asyncio.wait_for(done, 10)
+        assert outcomes == [PrefillOutcome(status="done", stolen=0)] * 3
+        assert planner.in_flight == 0 and not planner.side.transfers
+    finally:
+        await planner.stop()
+        await peers.close()
+        await runner.cleanup()
+    return engine.log, planner
+
+
+def test_planner_releases_the_next_request_when_sglangs_forward_is_done() -> None:
+    log, planner = asyncio.run(_pipeline(window=2))
+    # 2 went in while 1's KV was in transfer; 3 only once 1 was answered (the window is 2).
+    assert log[:3] == [("start", 1), ("start", 2), ("answered", 1)]
+    assert log.index(("start", 3)) > log.index(("answered", 1))
+    assert (planner.max_in_flight, planner.overlapped) == (2, 2)
+
+
+def test_window_one_runs_each_requests_whole_call_before_the_next() -> None:
+    log, planner = asyncio.run(_pipeline(window=1))
+    assert log == [("start", 1), ("answered", 1), ("start", 2), ("answered", 2),
+                   ("start", 3), ("answered", 3)]  # fmt: skip
+    assert (planner.max_in_flight, planner.overlapped) == (1, 0)
+
+
+def test_hook_forwarded_long_poll_answers_once_marked(registry: None) -> None:
+    assert not fluidtoken_hook.wait_forwarded("41", 0.0)
+    fluidtoken_hook.mark_forwarded(["41"])
+    assert fluidtoken_hook.wait_forwarded("41", 0.0)
+    assert not fluidtoken_hook.wait_forwarded("41", 0.0)  # taken by the first waiter
+    assert fluidtoken_hook.handle_post("/forwarded", {"rid": "41", "timeout": 0}) == (
+        200, {"forwarded": False},
+    )  # fmt: skip
+
+
 def test_planner_queue_is_reported_as_bootstrap_entries() -> None:
     async def main() -> list[dict[str, Any]]:
         peers = Peers(None)
@@ -200,6 +309,7 @@ def registry() -> Iterator[None]:
     yield
     fluidtoken_hook._splits.clear()
     fluidtoken_hook._forget.clear()
+    fluidtoken_hook._forwarded.clear()
 
 
 def test_hook_registry_turns_stolen_tokens_into_the_prefix_length(registry: None) -> None:

@@ -4,7 +4,16 @@ Prefill (``PrefillPlanner``): the core's ``PrefillSide`` (``fluidpd.core.schedul
 FIFO, one request at a time, Algorithm 1 over the waiting queue with the paired decode
 workers' budgets, or ``--force-steal``) decides each request's split at its scheduling
 iteration, exactly as for the other engines; the sidecar then sends SGLang's prefill server
-only ``input_ids[:p]`` (nothing when p = 0, and the prefill hook forgets the room). Before
+only ``input_ids[:p]`` (nothing when p = 0, and the prefill hook forgets the room).
+
+The planner pipelines: a request is the core's running batch until SGLang's forward of it is
+done (the hook's ``POST /forwarded`` long poll answers then, ``fluidtoken_hook``), which is the
+core's ``finish_batch``; its KV transfer (the core's pending hand-off) then goes on while the
+next request is planned and released. At most ``window`` requests are in SGLang at once (one
+computing, the others' KV in transfer): SGLang's Mooncake transfers overlap each other and the
+next forward, and the requests not yet released stay in the core's queue, where Algorithm 1
+still decides their splits. ``window`` 1 is the unpipelined planner: one request's whole
+SGLang call (compute and transfer) before the next. Before
 that, the stolen count goes to the decode sidecar (``POST /v1/internal/suffix``, the same
 message the other engines send), which registers it with its SGLang's FluidToken hook
 (``fluidtoken_hook``): the split is known there before the prefix KV can land. If that fails,
@@ -27,13 +36,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 import numpy as np
 
+from fluidpd.api.commands import SGLANG_PREFILL_WINDOW
 from fluidpd.api.internal import PrefillHalf, PrefillOutcome, PressureReport, SuffixCommit
 from fluidpd.core.fluidtoken import FluidTokenConfig, advertised_budget
 from fluidpd.core.profile import Profile
@@ -46,7 +56,11 @@ from fluidpd_sidecar.peers import PeerError, Peers, refresh_budgets
 log = logging.getLogger("fluidpd.sidecar.sglang")
 
 #: Sends ``ids`` (a prefix of the half's prompt) to SGLang's prefill server and waits for it.
-PrefillCall = Callable[[PrefillHalf, list[int]], Awaitable[PrefillOutcome]]
+PrefillCall = Callable[[PrefillHalf, list[int]], Coroutine[Any, Any, PrefillOutcome]]
+#: Requests in SGLang's prefill server at once by default (computing or sending KV).
+DEFAULT_WINDOW = SGLANG_PREFILL_WINDOW
+#: One long poll of the hook's ``/forwarded`` waits at most this long (then it is asked again).
+FORWARDED_POLL_S = 2.0
 
 
 @dataclass(slots=True)
@@ -70,7 +84,10 @@ class PrefillPlanner:
         abort: Callable[[int], Awaitable[None]],
         hook_url: str,
         budget_refresh_s: float = 0.1,
+        window: int = DEFAULT_WINDOW,
     ) -> None:
+        if window < 1:
+            raise ValueError(f"the prefill window must be >= 1, got {window}")
         self.side: PrefillSide = Worker.create(
             worker_id, Role.PREFILL, profile, slo, token_cfg, False, time.time()
         ).prefill
@@ -85,21 +102,37 @@ class PrefillPlanner:
         #: Per-prefill stealing budgets the paired decode workers advertise, by worker id.
         self.budgets: dict[str, float] = {}
         self._decode_urls: dict[str, str] = {}
+        self.window = window
+        #: Started requests not yet answered by SGLang (computing, or their KV in transfer).
+        self.executing: dict[int, asyncio.Task[None]] = {}
+        #: Most requests seen in SGLang at once, and releases made while another was there.
+        self.max_in_flight = 0
+        self.overlapped = 0
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self._client: aiohttp.ClientSession | None = None
 
     def start(self) -> None:
+        self._client = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, connect=5))
         self._tasks = [
             asyncio.create_task(self._run(), name="fluidtoken-prefill"),
             asyncio.create_task(self._refresh_budgets(), name="fluidtoken-budgets"),
         ]
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        tasks = [*self._tasks, *self.executing.values()]
+        for task in tasks:
             task.cancel()
-        for task in self._tasks:
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        if self._client is not None:
+            await self._client.close()
+
+    @property
+    def in_flight(self) -> int:
+        """Requests in SGLang's prefill server now (released and not answered)."""
+        return len(self.executing)
 
     @property
     def stolen_tokens(self) -> int:
@@ -127,7 +160,7 @@ class PrefillPlanner:
         try:
             return await future
         except asyncio.CancelledError:
-            if self.side.running is not None and self.side.running.request.rid == half.rid:
+            if half.rid in self.executing:
                 await self.abort(half.rid)  # the router went away mid-prefill
             raise
         finally:
@@ -140,35 +173,60 @@ class PrefillPlanner:
     async def _run(self) -> None:
         while True:
             try:
-                budgets = self._budget_source if self.token_cfg.enabled else None
-                batch = self.side.next_batch(time.time(), budgets)
+                self._wake.clear()
+                batch = None
+                # The core runs one batch at a time: the next is planned once the running one's
+                # forward is done (``finish_batch``), and only while the window has room.
+                if self.side.running is None and len(self.executing) < self.window:
+                    budgets = self._budget_source if self.token_cfg.enabled else None
+                    batch = self.side.next_batch(time.time(), budgets)
                 if batch is None:
-                    self._wake.clear()
                     await self._wake.wait()
                     continue
-                await self._execute(batch)
+                self._release(batch)
             except asyncio.CancelledError:
                 raise
             except Exception:  # a bug must not stop the queue; log and go on
                 log.exception("FluidToken prefill iteration failed")
                 await asyncio.sleep(0.01)
 
+    def _release(self, batch: PrefillBatch) -> None:
+        rid = batch.request.rid
+        if self.executing:
+            self.overlapped += 1
+        task = asyncio.create_task(self._execute(batch), name=f"fluidtoken-prefill-{rid}")
+        self.executing[rid] = task
+        self.max_in_flight = max(self.max_in_flight, len(self.executing))
+        task.add_done_callback(lambda _t: self._done(rid))
+
+    def _done(self, rid: int) -> None:
+        self.executing.pop(rid, None)
+        self._wake.set()
+
+    def _forward_done(self, batch: PrefillBatch) -> None:
+        """SGLang's forward of the batch is done (or its call ended first): the core starts the
+        hand-off, and the next request may be planned."""
+        if self.side.running is batch:
+            self.side.finish_batch(batch, time.time())
+            self.side.outbox.clear()  # its Handoff: SGLang moves the KV itself
+            self._wake.set()
+
     async def _execute(self, batch: PrefillBatch) -> None:
         req = batch.request
         q = self.queued.get(req.rid)
-        commits = [m for m in self.side.outbox if isinstance(m, SuffixCommitted)]
-        self.side.outbox.clear()
-        prefix = batch.prefix_tokens
-        if q is not None and commits and not await self._commit(q.half, commits[0].tokens):
-            # The decode side does not know the split: prefill everything.
-            self.side.stolen_tokens -= req.stolen
-            req.stolen = 0
-            prefix = req.prompt_len
         outcome = PrefillOutcome(status="cancelled", detail="aborted")
         try:
+            commits = [m for m in self.side.outbox if isinstance(m, SuffixCommitted)]
+            self.side.outbox.clear()
+            prefix = batch.prefix_tokens
+            if q is not None and commits and not await self._commit(q.half, commits[0].tokens):
+                # The decode side does not know the split: prefill everything.
+                self.side.stolen_tokens -= req.stolen
+                req.stolen = 0
+                prefix = req.prompt_len
             if q is not None and not q.outcome.done():
                 if prefix > 0:
-                    outcome = await self.call(q.half, q.half.prompt_ids[:prefix])
+                    outcome = await self._call_pipelined(batch, q.half, prefix)
                 else:
                     outcome = await self._forget(req.rid)
                 if outcome.status == "done":
@@ -178,11 +236,48 @@ class PrefillPlanner:
                         req.rid, prefix, req.prompt_len, req.stolen,
                     )  # fmt: skip
         finally:
-            self.side.finish_batch(batch, time.time())
-            self.side.outbox.clear()  # its Handoff: SGLang moves the KV itself
+            self._forward_done(batch)
             self.side.transfer_done(req.rid)
             if q is not None and not q.outcome.done():
                 q.outcome.set_result(outcome)
+
+    async def _call_pipelined(
+        self, batch: PrefillBatch, half: PrefillHalf, prefix: int
+    ) -> PrefillOutcome:
+        """SGLang's prefill of ``prompt_ids[:prefix]``; the batch's forward is reported done to
+        the core as soon as the hook says so, while the call waits for the KV transfer."""
+        call: asyncio.Task[PrefillOutcome] = asyncio.create_task(
+            self.call(half, half.prompt_ids[:prefix])
+        )
+        forwarded = asyncio.create_task(self._forwarded(half.rid))
+        try:
+            await asyncio.wait({call, forwarded}, return_when=asyncio.FIRST_COMPLETED)
+            self._forward_done(batch)
+            return await call
+        finally:
+            forwarded.cancel()
+            if not call.done():  # cancelled: the stop of the sidecar, or an abort
+                call.cancel()
+            for task in (call, forwarded):
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+
+    async def _forwarded(self, rid: int) -> None:
+        """Returns when the hook says SGLang's forward of ``rid`` is done (long polls)."""
+        assert self._client is not None, "the planner is not started"
+        body = {"rid": str(rid), "timeout": FORWARDED_POLL_S}
+        timeout = aiohttp.ClientTimeout(total=FORWARDED_POLL_S + 5.0)
+        while True:
+            try:
+                async with self._client.post(
+                    f"{self.hook_url}/forwarded", json=body, timeout=timeout
+                ) as r:
+                    if r.status == 200 and (await r.json(content_type=None)).get("forwarded"):
+                        return
+                    if r.status != 200:
+                        await asyncio.sleep(0.05)
+            except (aiohttp.ClientError, TimeoutError, ValueError):
+                await asyncio.sleep(0.05)  # the call's own answer still ends the wait
 
     async def _commit(self, half: PrefillHalf, tokens: int) -> bool:
         try:
@@ -198,11 +293,11 @@ class PrefillPlanner:
     async def _forget(self, rid: int) -> PrefillOutcome:
         """p = 0: nothing runs here; SGLang's transfer engine would keep the decode side's
         destination list for the room, so the hook drops it."""
+        assert self._client is not None, "the planner is not started"
         try:
-            async with (
-                aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5.0)) as c,
-                c.post(f"{self.hook_url}/forget", json={"room": rid}) as r,
-            ):
+            async with self._client.post(
+                f"{self.hook_url}/forget", json={"room": rid}, timeout=aiohttp.ClientTimeout(5.0)
+            ) as r:
                 r.raise_for_status()
         except (aiohttp.ClientError, TimeoutError) as exc:
             log.warning("room %d not forgotten on the prefill server: %s", rid, exc)

@@ -29,6 +29,12 @@ That needs ``page_size`` 1 (a partial page would free prefix slots); ``register`
 otherwise. One extend runs per iteration and a decode iteration of the running batch runs
 between two of them: the stealing budget the decode sidecar advertises (eqs. 12-17, FluidPD's
 core) bounds how much suffix work prefill workers send here in the first place.
+
+On the prefill side, ``Scheduler.process_batch_result_disagg_prefill`` (where SGLang, the
+forward of a request's last chunk done, starts sending its KV) records the request as
+*forwarded*; ``POST /forwarded {"rid", "timeout"}`` answers as soon as that has happened (a
+long poll). The prefill sidecar's planner releases its next request to SGLang then, while this
+one's KV is still in transfer (``fluidtoken.PrefillPlanner``'s window).
 """
 
 from __future__ import annotations
@@ -46,7 +52,12 @@ _forget: dict[int, float] = {}
 _lock = threading.Lock()
 #: A registration nobody used (the request never came, or was aborted first) expires.
 SPLIT_TTL_S = 900.0
-_stats: dict[str, Any] = {"extends": 0, "extend_tokens": 0}
+_stats: dict[str, Any] = {"extends": 0, "extend_tokens": 0, "forwarded": 0}
+#: Prefill side: rids whose forward is done (KV being sent), rid -> when; taken by a waiter.
+_forwarded: dict[str, float] = {}
+_forwarded_cv = threading.Condition()
+#: A forwarded rid nobody asked about (no FluidToken planner, or its answer came first).
+FORWARDED_TTL_S = 120.0
 _scheduler: dict[str, Any] = {"s": None}
 #: Set on a batch this module built, so the next iteration merges it.
 _MARK = "_fluidpd_extend"
@@ -75,6 +86,47 @@ def forget_room(room: int) -> None:
     comes here (swept by ``_sweep`` when it has arrived)."""
     with _lock:
         _forget[int(room)] = time.monotonic()
+
+
+def mark_forwarded(rids: list[str]) -> None:
+    """Prefill side: these requests' forwards are done (their KV transfer has started)."""
+    now = time.monotonic()
+    with _forwarded_cv:
+        for rid in rids:
+            _forwarded[rid] = now
+        _stats["forwarded"] += len(rids)
+        for rid in [r for r, t in _forwarded.items() if now - t > FORWARDED_TTL_S]:
+            del _forwarded[rid]
+        _forwarded_cv.notify_all()
+
+
+def wait_forwarded(rid: str, timeout_s: float) -> bool:
+    """Whether ``rid``'s forward is done, waiting up to ``timeout_s`` for it (consumes it)."""
+    deadline = time.monotonic() + max(0.0, min(timeout_s, 30.0))
+    with _forwarded_cv:
+        while rid not in _forwarded:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            _forwarded_cv.wait(left)
+        del _forwarded[rid]
+        return True
+
+
+def _patch_prefill_result(cls: Any) -> None:
+    original = cls.process_batch_result_disagg_prefill
+
+    def process(self: Any, batch: Any, result: Any, *args: Any, **kwargs: Any) -> Any:
+        # Requests whose last chunk this batch computed (SGLang's own test: no middle chunks
+        # in flight); the others are still being chunked.
+        last = [str(r.rid) for r in batch.reqs if r.inflight_middle_chunks <= 0]
+        try:
+            return original(self, batch, result, *args, **kwargs)
+        finally:
+            if last:
+                mark_forwarded(last)
+
+    cls.process_batch_result_disagg_prefill = process
 
 
 def _sweep() -> None:
@@ -274,6 +326,7 @@ def install(scheduler_cls: Any) -> None:
 
     _patch_transfer_queue(DecodeTransferQueue)
     _patch_next_batch(scheduler_cls)
+    _patch_prefill_result(scheduler_cls)
     threading.Thread(target=_sweeper, name="fluidpd-fluidtoken", daemon=True).start()
 
 
@@ -282,8 +335,12 @@ def bind(scheduler: Any) -> None:
 
 
 def handle_post(path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-    """``POST /split {"rid", "suffix"}`` (decode) and ``POST /forget {"room"}`` (prefill)."""
+    """``POST /split {"rid", "suffix"}`` (decode), ``POST /forget {"room"}`` and ``POST
+    /forwarded {"rid", "timeout"}`` (prefill; a long poll, at most 30 s)."""
     try:
+        if path == "/forwarded":
+            done = wait_forwarded(str(body["rid"]), float(body.get("timeout", 5.0)))
+            return 200, {"forwarded": done}
         if path == "/split":
             register(str(body["rid"]), int(body["suffix"]))
             return 200, {"ok": True}

@@ -157,12 +157,13 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def do_POST(self) -> None:
-        """FluidToken's splits (``fluidtoken_hook.handle_post``: /split, /forget) and FluidRole's
-        commands (``roleswitch``: /role, /unstarted, run on the scheduler's loop thread)."""
+        """FluidToken's splits and prefill forwards (``fluidtoken_hook.handle_post``: /split,
+        /forget, /forwarded) and FluidRole's commands (``roleswitch``: /role, /unstarted, run on
+        the scheduler's loop thread)."""
         try:
             n = int(self.headers.get("Content-Length", "0") or 0)
             args = json.loads(self.rfile.read(n) or b"{}")
-            if self.path in ("/split", "/forget"):
+            if self.path in ("/split", "/forget", "/forwarded"):
                 code, out = fluidtoken_hook.handle_post(self.path, args)
             else:
                 code, out = roleswitch.submit(self.path.strip("/"), args)

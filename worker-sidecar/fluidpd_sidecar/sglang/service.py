@@ -58,7 +58,7 @@ from fluidpd_sidecar.halves import check_half
 from fluidpd_sidecar.metrics import SidecarMetrics
 from fluidpd_sidecar.peers import Peers
 from fluidpd_sidecar.sglang.fluidrole import RoleDriver, SwitchGauges
-from fluidpd_sidecar.sglang.fluidtoken import DecodeSplits, PrefillPlanner
+from fluidpd_sidecar.sglang.fluidtoken import DEFAULT_WINDOW, DecodeSplits, PrefillPlanner
 from fluidpd_sidecar.sglang.observe import pressure_report, step_gauges
 from fluidpd_sidecar.sglang.server import SglangError, SglangServer
 from fluidpd_sidecar.sglang.wire import generate_body, new_tokens
@@ -108,6 +108,20 @@ class _StepGauges(Collector):
             n.add_metric([worker, kind], float(count))
         yield med
         yield n
+        planner = self.service.planner
+        for name, doc, value in (
+            ("fluidpd_sglang_prefill_in_flight",
+             "Requests FluidToken's planner has in SGLang's prefill server (computing or "
+             "sending KV)", planner.in_flight),
+            ("fluidpd_sglang_prefill_in_flight_max", "Most of them at once so far",
+             planner.max_in_flight),
+            ("fluidpd_sglang_prefill_overlapped",
+             "Requests released while another was still in SGLang's prefill server",
+             planner.overlapped),
+        ):  # fmt: skip
+            g = GaugeMetricFamily(name, doc, labels=["worker"])
+            g.add_metric([worker], float(value))
+            yield g
 
 
 @dataclass(slots=True)
@@ -127,6 +141,7 @@ class SglangService:
         text: TokenText,
         *,
         exit_on_failure: bool = True,
+        prefill_window: int = DEFAULT_WINDOW,
     ) -> None:
         self.cfg = cfg
         self.server = server
@@ -148,6 +163,7 @@ class SglangService:
         self.planner = PrefillPlanner(
             cfg.worker_id, cfg.profile, cfg.slo, cfg.token_cfg, cfg.force_steal, self.peers,
             self._prefill_sglang, self._abort_sglang, hook_url, cfg.budget_refresh_s,
+            prefill_window,
         )  # fmt: skip
         self.splits = DecodeSplits(cfg.profile, cfg.slo, cfg.token_cfg, hook_url)
         self.fluidrole = RoleDriver(self)
@@ -313,6 +329,10 @@ class SglangService:
             "url": cfg.url,
             "start_s": self.server.start_s,
             "restarts": self.server.restarts,
+            "prefill_window": self.planner.window,
+            "prefill_in_flight": self.planner.in_flight,
+            "prefill_in_flight_max": self.planner.max_in_flight,
+            "prefill_overlapped": self.planner.overlapped,
         }
 
     # -- request halves -----------------------------------------------------------------------

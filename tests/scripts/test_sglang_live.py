@@ -1,0 +1,41 @@
+"""``scripts/gpu/sglang_live.py``'s profile, checked on CPU: the shipped H200 8B profile with the
+live deployment's KV pool, running cap and KV transfer speed put in, everything else as shipped."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import yaml
+
+from fluidpd.core.profile import Profile
+from fluidpd.profiles import resolve_profile
+
+GPU = Path(__file__).resolve().parents[2] / "scripts" / "gpu"
+sys.path.insert(0, str(GPU))
+
+import sglang_live  # noqa: E402
+
+
+def test_live_profile_is_the_h200_profile_with_the_deployments_pool_cap_and_transfer(
+    tmp_path: Path,
+) -> None:
+    args = argparse.Namespace(kv_tokens=65536, graph_bs=64, transfer_gbps=0.27)
+    path = sglang_live.live_profile(args, tmp_path)
+    assert path == tmp_path / "profile.yaml"
+    live = Profile.model_validate(yaml.safe_load(path.read_text()))
+    shipped = resolve_profile("llama-3.1-8b", "h200", None)
+    assert live.kv.capacity_tokens == 65536
+    assert live.max_running_requests == 64
+    assert live.transfer.bandwidth_gb_per_s == 0.27
+    # The predictors the planner and the controller's forecast use are the measured ones.
+    assert (live.prefill, live.suffix, live.decode) == (
+        shipped.prefill, shipped.suffix, shipped.decode,
+    )  # fmt: skip
+    assert live.kv.bytes_per_token == shipped.kv.bytes_per_token
+    assert live.n_tpot(0.05) == min(64, shipped.n_tpot(0.05))  # the running cap bounds N_TPOT
+
+
+def test_runs_go_static_then_fluidtoken_then_fluidpd() -> None:
+    assert sglang_live.RUNS == ("static", "fluidtoken", "fluidpd")
