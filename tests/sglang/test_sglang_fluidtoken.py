@@ -8,6 +8,12 @@ prefill server is not asked at all and the decode server computes the whole prom
 server that skipped the suffix (SGLang's prebuilt path) would decode from a half-empty cache
 and the prefill server's token of the wrong position, so the texts would differ.
 
+Each stack also takes a burst of concurrent requests, which the pipelined prefill planner
+(``--sglang-prefill-window 2``) releases to SGLang's prefill server two at a time: the next as
+soon as SGLang's forward of the previous is done, while its KV is still in transfer (before the
+pipelining the planner awaited each request's whole SGLang call: never more than one in the
+prefill server). At beta = 1 the decode server computes the whole burst.
+
 One stack per beta (each SGLang server takes 60-150 s to start on two cores), one plain server.
 """
 
@@ -20,6 +26,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -33,6 +40,9 @@ from fluidpd_sidecar.sglang.wire import new_tokens
 TOKEN = "t"
 NEW = 12
 LENGTHS = (23, 61)
+WINDOW = 2
+#: Prompt lengths of the burst (long enough that a prefill forward is not instant on CPU).
+BURST = (301, 257, 420, 188, 350, 275)
 
 
 def _prompt(k: int, n: int) -> list[int]:
@@ -76,7 +86,7 @@ def up(
         "--sglang-python", sglang_python, "--sglang-max-total-tokens", str(MAX_TOKENS),
         "--sglang-start-timeout", str(START_S), "--first-token-timeout", "300",
         "--sglang-dtype", DTYPE,
-        "--force-steal", str(request.param),
+        "--force-steal", str(request.param), "--sglang-prefill-window", str(WINDOW),
     ]  # fmt: skip
     env = {**os.environ, "FLUIDPD_ADMIN_TOKEN": TOKEN, "FLUIDPD_LOG_DIR": str(run_dir)}
     out = (run_dir / "up.out").open("wb")
@@ -124,3 +134,35 @@ def test_forced_split_greedy_text_equals_plain_sglang(
     assert (prefill["role"], decode["role"]) == ("prefill", "decode")
     assert prefill["stolen_tokens"] == stolen
     assert decode["steal_budget"] >= 0.0
+
+
+def test_a_burst_is_pipelined_into_the_prefill_server_with_unchanged_greedy_text(
+    up: tuple[float, str, list[str]], plain: SglangServer, tiny_llama_dir: Path
+) -> None:
+    beta, endpoint, (prefill_url, _) = up
+    prompts = [[(17 * k + 7 * i) % 900 + 20 for i in range(n)] for k, n in enumerate(BURST)]
+    refs = [_plain_ids(plain, ids, NEW) for ids in prompts]
+    client = OpenAI(base_url=f"{endpoint}/v1", api_key="none", max_retries=0, timeout=600)
+    model = client.models.list().data[0].id
+    stolen_before = httpx.get(f"{prefill_url}/pressure", timeout=10).json()["stolen_tokens"]
+
+    def complete(ids: list[int]) -> str:
+        got = client.completions.create(model=model, prompt=[ids], max_tokens=NEW, temperature=0)
+        return got.choices[0].text
+
+    with ThreadPoolExecutor(len(prompts)) as pool:  # the whole burst at once
+        texts = list(pool.map(complete, prompts))
+    for ids, ref, text in zip(prompts, refs, texts, strict=True):
+        assert text == _text(tiny_llama_dir, ref, NEW), (beta, len(ids), ref)
+
+    info = httpx.get(
+        f"{prefill_url}/v1/internal/sglang",
+        headers={"Authorization": f"Bearer {TOKEN}"},
+        timeout=10,
+    ).json()
+    assert info["prefill_window"] == WINDOW and info["prefill_in_flight"] == 0, info
+    if beta < 1.0:  # (at beta = 1 the decode server computes every prompt whole)
+        # More than one request in the prefill server at once, never more than the window.
+        assert info["prefill_in_flight_max"] == WINDOW and info["prefill_overlapped"] >= 1, info
+    stolen = httpx.get(f"{prefill_url}/pressure", timeout=10).json()["stolen_tokens"]
+    assert stolen - stolen_before == sum(n - round((1.0 - beta) * n) for n in BURST)
