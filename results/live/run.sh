@@ -48,3 +48,17 @@ nice -n 10 fluidpd evaluate --workload long-chat-poisson --rps 4 --num-requests 
 # 0.53/0.43 and 0.51/0.42; up-fluidpd/controller.log), as the simulator did (13 s and 24 s).
 # The replay's role_switches list is empty: the replay did not read the router's admin stats.
 
+# The Azure slice with the busy calibration, nice'd, run with --out /tmp/wt14/live-azure3 and
+# copied (two earlier attempts at 17:25 and 17:42 UTC did not start: `fluidpd up` gave the
+# workers 60 s at load 13-17; LocalStack now gives 300 s, commit 45a0465).
+nice -n 10 fluidpd evaluate --workload azure-mixed --rps 20 --num-requests 2000 --pd 4P4D \
+  --policies static,fluidpd --seed 0 --out results/live/azure-mixed-2000-20rps-busy
+# Result (2026-12-02 17:47-17:56 UTC): static 11.8 % live (1-min load 12-18 during its replay,
+# 15 failed, TTFT median 15.8 s, send lag p99 716 ms), FluidPD 63.4 % live (load 5-10 during
+# its replay, 0 failed, send lag p99 156 ms); simulated 78.5 / 91.6 %. FluidPD >= static - 1 pp
+# holds, but the two replays ran at very different host loads (other sessions' SGLang CPU
+# tests), so the live gap says little about the policy; the earlier quiet run
+# (azure-mixed-2000-20rps: 78.5 / 91.5 %) is the better live comparison. The controller took
+# two forecast D->P switches (PPI-bar 3.0 and 358 read with the busy calibration as load
+# ratios 0.74 and 0.78, not x4; up-fluidpd/controller.log), then reported needs-capacity.
+
