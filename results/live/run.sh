@@ -54,11 +54,12 @@ nice -n 10 fluidpd evaluate --workload long-chat-poisson --rps 4 --num-requests 
 nice -n 10 fluidpd evaluate --workload azure-mixed --rps 20 --num-requests 2000 --pd 4P4D \
   --policies static,fluidpd --seed 0 --out results/live/azure-mixed-2000-20rps-busy
 # Result (2026-12-02 17:47-17:56 UTC): static 11.8 % live (1-min load 12-18 during its replay,
-# 15 failed, TTFT median 15.8 s, send lag p99 716 ms), FluidPD 63.4 % live (load 5-10 during
+# 15 failed, TTFT median 15.8 s, send lag p99 716 ms), FluidPD 63.4 % live (load 5-11 during
 # its replay, 0 failed, send lag p99 156 ms); simulated 78.5 / 91.6 %. FluidPD >= static - 1 pp
 # holds, but the two replays ran at very different host loads (other sessions' SGLang CPU
 # tests), so the live gap says little about the policy; the earlier quiet run
 # (azure-mixed-2000-20rps: 78.5 / 91.5 %) is the better live comparison. The controller took
 # two forecast D->P switches (PPI-bar 3.0 and 358 read with the busy calibration as load
-# ratios 0.74 and 0.78, not x4; up-fluidpd/controller.log), then reported needs-capacity.
+# ratios (forecast bottleneck 0.74 and 0.78), not x4; up-fluidpd/controller.log), then reported
+# needs-capacity.
 
