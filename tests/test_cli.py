@@ -13,7 +13,7 @@ RUN_FIELDS = {
     "policy", "rps", "workload", "model", "gpu", "pd", "slo_attainment", "ttft_attainment",
     "tpot_attainment", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms",
     "median_tpot_ms", "p99_tpot_ms", "completed", "failed", "duration", "request_throughput",
-    "output_throughput", "role_switches", "stolen_tokens", "wall_s",
+    "output_throughput", "role_switches", "stolen_tokens",
 }  # fmt: skip
 
 
@@ -62,20 +62,25 @@ def test_sim_writes_the_results_contract_and_plots(tmp_path: Path) -> None:
 
 
 def test_same_seed_gives_identical_results(tmp_path: Path) -> None:
-    """Everything but the measured wall time is reproducible."""
-    docs = []
+    """Two runs of one seed (to different directories, so with different commands) write
+    byte-identical results.json; the command and wall times are in run.json."""
+    texts = []
     for name in ("a", "b"):
         assert small_sim(tmp_path / name, "--no-plots").returncode == 0
-        doc = json.loads((tmp_path / name / "results.json").read_text())
-        for r in doc["runs"]:
-            r.pop("wall_s")
-        doc.pop("command")
-        docs.append(doc)
-    assert docs[0] == docs[1]
+        texts.append((tmp_path / name / "results.json").read_bytes())
+    assert texts[0] == texts[1]
+    doc = json.loads(texts[0])
+    assert set(doc) == {"runs", "fluidpd_version"}
+    assert all("wall_s" not in r for r in doc["runs"])
+    run = json.loads((tmp_path / "b" / "run.json").read_text())
+    assert str(tmp_path / "b") in run["command"]
+    timed = {(w["policy"], w["rps"]) for w in run["wall_s"]}
+    assert timed == {(r["policy"], r["rps"]) for r in doc["runs"]}
+    assert all(w["wall_s"] >= 0 for w in run["wall_s"])
     other = small_sim(tmp_path / "c", "--no-plots", "--seed", "1")
     assert other.returncode == 0
     changed = json.loads((tmp_path / "c" / "results.json").read_text())["runs"]
-    assert [r["mean_ttft_ms"] for r in changed] != [r["mean_ttft_ms"] for r in docs[0]["runs"]]
+    assert [r["mean_ttft_ms"] for r in changed] != [r["mean_ttft_ms"] for r in doc["runs"]]
 
 
 BAD_OPTIONS = [

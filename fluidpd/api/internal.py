@@ -291,6 +291,8 @@ class PressureReport(_Model):
     #: Nothing left in flight on this worker (what a retiring worker waits for).
     drained: bool = False
     retiring: bool = False
+    #: A prefill worker's measured busy fraction over the last 10 s (null: not measured).
+    busy: float | None = None
     stolen_tokens: int = 0
     switches: int = 0
     #: The last completed switch: direction and drain start / finish (UNIX seconds).

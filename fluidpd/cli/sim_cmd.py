@@ -12,6 +12,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from fluidpd import __version__
 from fluidpd.cli.errors import UserError
 from fluidpd.cli.options import (
     GPU_HELP,
@@ -35,7 +36,7 @@ from fluidpd.core.pairing import PAIRINGS
 from fluidpd.profiles import resolve_profile
 from fluidpd.sim.plots import write_plots
 from fluidpd.sim.policies import POLICY_NAMES, AutoscaleConfig, parse_pd, parse_policies
-from fluidpd.sim.report import report_text, series_key, write_results
+from fluidpd.sim.report import RUN_FILE, report_text, series_key, write_results
 from fluidpd.sim.robustness import (
     SIZES,
     count_cells,
@@ -281,14 +282,14 @@ def _run_robustness(args: argparse.Namespace) -> int:
         rows = run_suite(size, seed=args.seed, jobs=args.jobs, progress=progress)
     bar.close()
     summary = overall(rows)
-    doc = {
-        "command": command,
-        "size": args.suite_size,
-        "seed": args.seed,
-        "overall": summary,
-        "cells": rows,
-    }
+    doc = {"size": args.suite_size, "seed": args.seed, "overall": summary, "cells": rows}
     (out_dir / "results.json").write_text(json.dumps(doc, indent=1) + "\n")
+    run_doc = {
+        "command": command,
+        "fluidpd_version": __version__,
+        "wall_s": round(time.perf_counter() - started, 3),
+    }
+    (out_dir / RUN_FILE).write_text(json.dumps(run_doc, indent=1) + "\n")
     text = format_rows(rows) + "\n\n" + format_overall(summary)
     (out_dir / "summary.txt").write_text(text + "\n")
     (out_dir / "command.txt").write_text(command + "\n")

@@ -197,6 +197,7 @@ class FluidRoleController:
                 r["dpi_load"],
                 r["dpi_adm"],
                 r["drain_cost"],
+                r.get("busy"),
             )
             for r in self.reports.values()
         ]

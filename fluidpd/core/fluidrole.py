@@ -99,6 +99,8 @@ class WorkerSignals:
     #: Drain-cost proxies: seconds of remaining prefill work plus pending transfers for a
     #: prefill worker (P->D); active decode requests for a decode worker (D->P).
     drain_cost: float = 0.0
+    #: A prefill worker's measured busy fraction over the recent window (None: not measured).
+    busy: float | None = None
 
 
 class Recommendation(StrEnum):
@@ -117,6 +119,8 @@ class PoolPressure:
     #: Active pool sizes, for projecting a pool's pressure after it gives up one worker.
     n_prefill: int = 1
     n_decode: int = 1
+    #: Mean measured busy fraction of the active prefill workers (None unless all report it).
+    prefill_busy: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,11 +273,13 @@ class FluidRolePolicy:
     def _record(self, now: float, workers: Sequence[WorkerSignals]) -> PoolPressure:
         horizon = now - self.cfg.window_s
         percentiles: list[float] = []
+        busy: list[float | None] = []
         live = set()
         for w in workers:
             if w.role is not Role.PREFILL or w.state is not RoleState.ACTIVE:
                 continue
             live.add(w.worker)
+            busy.append(w.busy)
             window = self._windows.setdefault(w.worker, deque())
             window.append((now, w.queue_ppi))
             while window and window[0][0] <= horizon:
@@ -283,8 +289,16 @@ class FluidRolePolicy:
             del self._windows[gone]
         decode = [w for w in workers if w.role is Role.DECODE and w.state is RoleState.ACTIVE]
         load, adm = decode_pool_pressure([w.dpi_load for w in decode], [w.dpi_adm for w in decode])
+        measured = [b for b in busy if b is not None]
+        complete = bool(busy) and len(measured) == len(busy)
+        prefill_busy = sum(measured) / len(measured) if complete else None
         return PoolPressure(
-            prefill_pool_pressure(percentiles), load, adm, len(percentiles), len(decode)
+            prefill_pool_pressure(percentiles),
+            load,
+            adm,
+            len(percentiles),
+            len(decode),
+            prefill_busy,
         )
 
     def observe(
@@ -351,7 +365,7 @@ class FluidRolePolicy:
         settled = filled and now >= self._last_switch_end + self.cfg.settle_s
         observed = max(p.dpi_load_bar, p.dpi_adm_bar) if settled else None
         return self.model.forecast(
-            demand, split, source, self.cfg.horizon_s, migrate, observed, p.ppi_bar
+            demand, split, source, self.cfg.horizon_s, migrate, observed, p.ppi_bar, p.prefill_busy
         )
 
     def _proposal(self, now: float, p: PoolPressure, demand: Demand) -> Recommendation:

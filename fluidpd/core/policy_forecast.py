@@ -423,13 +423,20 @@ class CapacityModel:
         migrate: bool,
         observed_decode: float | None = None,
         observed_prefill: float | None = None,
+        observed_busy: float | None = None,
     ) -> Forecast:
         """The switch's forecast. ``observed_decode`` (max of the decode pool's DPI-bar_load
         and DPI-bar_adm, the same ratio measured) and ``observed_prefill`` (PPI-bar: queued
-        work over the time left to the deadlines, so also a load ratio against the SLO)
-        rescale the forecasts of the current split, so that the model is only trusted for how
-        the load changes with the pool size."""
-        p_scale = prefill_scale(self.prefill_ratio(d, split.n_prefill), observed_prefill)
+        work over the time left to the deadlines) with ``observed_busy`` (the prefill
+        workers' measured busy fraction; see ``prefill_scale``) rescale the forecasts of the
+        current split, so that the model is only trusted for how the load changes with the
+        pool size."""
+        p_scale = prefill_scale(
+            self.prefill_ratio(d, split.n_prefill),
+            observed_prefill,
+            observed_busy,
+            self.prefill_busy(d, split.n_prefill),
+        )
         queued = self.prefill_wait(d, split.n_prefill, p_scale)
         scale = decode_scale(self.decode_ratio(d, split.n_decode, queued), observed_decode)
         low = d.low
@@ -497,15 +504,33 @@ def decode_scale(modelled: float, observed: float | None) -> float:
 _PPI_CAP = 2.0
 
 
-def prefill_scale(modelled: float, observed_ppi: float | None) -> float:
-    """How far the prefill pool is past the model's load ratio: PPI-bar persistently above 1
-    means the queue misses deadlines whatever the model says (it only raises the forecast;
-    a quiet queue does not lower it, since the ratio must hold for bursts too)."""
+def prefill_scale(
+    modelled: float,
+    observed_ppi: float | None,
+    observed_busy: float | None = None,
+    modelled_busy: float | None = None,
+) -> float:
+    """How far the prefill pool is past the model's load: PPI-bar persistently above 1 means
+    the queue misses deadlines whatever the model says (it only raises the forecast; a quiet
+    queue does not lower it, since the ratio must hold for bursts too).
+
+    By how much is read from what the pool does, not from the deadlines, where the workers
+    report their measured busy fraction (``observed_busy``): the observed over the modelled
+    busy fraction (``modelled_busy``, rate E[T_pre] / n_P) is the demand's and the engine's
+    speed's error together, and a pool that is idle part of the time cannot be short of
+    workers however late its requests are. PPI-bar grows without bound once deadlines pass
+    (a slow host, a stall upstream of the pool: 1,862 live under host load 25-34, with a
+    forecast prefill load of about 0.5), so read as a load ratio it takes any lateness for
+    prefill overload. Without a busy report, PPI-bar (capped at ``_PPI_CAP``) stands in."""
     if observed_ppi is None or not math.isfinite(modelled) or modelled <= 0:
         return 1.0
-    observed = min(observed_ppi, _PPI_CAP)
-    if observed <= 1.0:
+    if observed_ppi <= 1.0:
         return 1.0
+    if observed_busy is not None and modelled_busy is not None:
+        if not math.isfinite(modelled_busy) or modelled_busy <= 0:
+            return 1.0
+        return min(MAX_SCALE, max(1.0, observed_busy / modelled_busy))
+    observed = min(observed_ppi, _PPI_CAP)
     return min(MAX_SCALE, max(1.0, observed / modelled))
 
 

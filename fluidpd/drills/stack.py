@@ -42,6 +42,12 @@ def wait_http(url: str, timeout: float) -> None:
         raise TimeoutError(f"{url} did not answer within {timeout:g} s")
 
 
+#: Seconds a component of a local stack may take to answer its health check: on the shared
+#: 2-core machine at load 13-17, `fluidpd up`'s default 60 s left workers behind (issue #14's
+#: live Azure slice did not start twice).
+READY_TIMEOUT_S = 300
+
+
 class LocalStack:
     """``with LocalStack(run_dir, "3P3D", "fluidpd") as stack:`` - endpoint, worker URLs, pids."""
 
@@ -64,7 +70,8 @@ class LocalStack:
         cmd = [exe] if exe else [sys.executable, "-m", "fluidpd.cli.main"]
         self.argv = [
             *cmd, "up", "--pd", pd, "--policy", policy, "--port", str(base),
-            "--base-port", str(base + 1), "--run-dir", str(run_dir), *extra,
+            "--base-port", str(base + 1), "--run-dir", str(run_dir),
+            "--ready-timeout", str(READY_TIMEOUT_S), *extra,
         ]  # fmt: skip
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -78,9 +85,9 @@ class LocalStack:
         self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, env=env)
         try:
             # Generous: on a loaded machine six Python processes take a while to import.
-            wait_http(f"{self.endpoint}/healthz", 300)
+            wait_http(f"{self.endpoint}/healthz", READY_TIMEOUT_S)
             for url in self.workers.values():
-                wait_http(f"{url}/readyz", 60)
+                wait_http(f"{url}/readyz", READY_TIMEOUT_S)
             time.sleep(1.0)  # the router's first poll of every worker
         except TimeoutError:
             self.stop()

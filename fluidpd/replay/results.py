@@ -25,7 +25,7 @@ import numpy as np
 from fluidpd.core.types import SLO, Request
 from fluidpd.replay.client import Outcome, ReplayResult, StatsSample
 from fluidpd.sim.metrics import p95_ttft_series, run_metrics, windowed_attainment
-from fluidpd.sim.report import series_key, slug, write_results
+from fluidpd.sim.report import RUN_FILE, series_key, slug, write_results
 from fluidpd.sim.runner import RunOutput
 from fluidpd.sim.workloads import Workload
 
@@ -260,7 +260,8 @@ def build_output(
 
 # -- the results directory --------------------------------------------------------------------
 def load_previous(out_dir: Path) -> tuple[list[dict[str, Any]], str]:
-    """Runs and command of an existing ``DIR/results.json`` (none: ``[]``, ``""``).
+    """Runs of an existing ``DIR/results.json`` and the command that made them (from its
+    ``run.json``; none: ``[]``, ``""``).
 
     Raises :class:`ResultsFileError` for a file that is not a results file, so that a replay
     does not run for an hour and then fail to save.
@@ -275,7 +276,14 @@ def load_previous(out_dir: Path) -> tuple[list[dict[str, Any]], str]:
     runs = doc.get("runs") if isinstance(doc, dict) else None
     if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
         raise ResultsFileError(f"{path}: cannot append to it: no 'runs' list of records")
+    # The command is in run.json (results.json of this version has none; an older one's has).
     command = doc.get("command")
+    try:
+        run = json.loads((out_dir / RUN_FILE).read_text())
+        if isinstance(run, dict):
+            command = run.get("command", command)
+    except (OSError, UnicodeDecodeError, ValueError):
+        pass
     return runs, command if isinstance(command, str) else ""
 
 

@@ -23,22 +23,36 @@ def series_key(record: Mapping[str, Any]) -> tuple[str, float, str]:
     return (str(record["workload"]), float(record["rps"]), str(record["policy"]))
 
 
+#: Beside results.json: how the results were made (the command, the version, each run's wall
+#: seconds), none of which is a result; results.json is a function of the inputs and the seed.
+RUN_FILE = "run.json"
+
+
 def write_results(
     out_dir: Path,
     outputs: Sequence[RunOutput],
     command: str,
     series_rps: float | None = None,
 ) -> Path:
-    """``results.json`` (the ``runs`` list is the contract) plus one time-series file per run
-    (only for rate ``series_rps`` when given)."""
+    """``results.json`` (the ``runs`` list is the contract: the same inputs and seed give the
+    same bytes) plus one time-series file per run (only for rate ``series_rps`` when given);
+    the command and the measured wall times go to ``run.json`` (``RUN_FILE``) and the command
+    also to ``command.txt``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "results.json"
-    doc = {
-        "runs": [o.record for o in outputs],
+    doc = {"runs": [o.record for o in outputs], "fluidpd_version": __version__}
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    run = {
         "command": command,
         "fluidpd_version": __version__,
+        "wall_s": [
+            {"workload": w, "rps": r, "policy": p, "wall_s": o.wall_s}
+            for o in outputs
+            if o.wall_s is not None
+            for w, r, p in [series_key(o.record)]
+        ],
     }
-    path.write_text(json.dumps(doc, indent=1) + "\n")
+    (out_dir / RUN_FILE).write_text(json.dumps(run, indent=1) + "\n")
     ts_dir = out_dir / "timeseries"
     for o in outputs:
         if not o.series or (series_rps is not None and o.record["rps"] != series_rps):

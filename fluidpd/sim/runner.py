@@ -65,8 +65,13 @@ class RunSpec:
 
 @dataclass(slots=True)
 class RunOutput:
+    """One run's ``results.json`` record (a function of the spec and seed only), its time
+    series, and the wall seconds it took (measured: kept out of the record, so that two runs
+    of one seed write byte-identical results.json; ``run.json`` has it)."""
+
     record: dict[str, Any]
     series: dict[str, Any] = field(default_factory=dict)
+    wall_s: float | None = None
 
 
 def _header(spec: RunSpec) -> dict[str, Any]:
@@ -110,14 +115,13 @@ def _run_simulated(spec: RunSpec, workload: Workload) -> RunOutput:
             "scale_outs": result.scale_outs,
             "events": result.events,
             "predictor_mre": result.predictor_mre,
-            "wall_s": round(wall, 3),
         }
     )
     bins_t, p95 = p95_ttft_series(result.requests, 10.0, spec.base.timeout_s)
     series: dict[str, object] = dict(result.series.as_dict())
     series["p95_ttft_t"] = bins_t
     series["p95_ttft"] = p95
-    return RunOutput(record, series)
+    return RunOutput(record, series, round(wall, 3))
 
 
 def run_oracle(spec: RunSpec, workload: Workload) -> RunOutput:
@@ -172,10 +176,9 @@ def run_oracle(spec: RunSpec, workload: Workload) -> RunOutput:
             "oracle_splits": splits,
             "capped_prompts": workload.capped_prompts,
             "scale_outs": [],
-            "wall_s": round(time.perf_counter() - t0, 3),
         }
     )
-    return RunOutput(record)
+    return RunOutput(record, wall_s=round(time.perf_counter() - t0, 3))
 
 
 def run_one(spec: RunSpec) -> RunOutput:

@@ -35,3 +35,31 @@ fluidpd drill kill --pd 3P3D --rps 8 --out results/live/kill-drill.json
 
 # Router overhead against calling the sidecar pair directly, side by side, 200 req/s.
 fluidpd drill router-overhead --rps 200 --duration 30 --out results/live/router-overhead.json
+
+# Issue #14, the prefill calibration read from the prefill workers' measured busy fraction
+# (commit d07f9fe; PPI-bar no longer taken for the prefill load): the long-context slice again,
+# nice'd, run with --out /tmp/wt14/live-long and copied (the stack's admin token left out).
+nice -n 10 fluidpd evaluate --workload long-chat-poisson --rps 4 --num-requests 240 --pd 4P4D \
+  --policies static,fluidpd --seed 0 --out results/live/long-chat-poisson-240-4rps-busy
+# Result (2026-12-02 17:19-17:25 UTC; 1-min load average 8-12.6 during the static replay,
+# 4.1-8.3 during FluidPD's, while other sessions ran SGLang CPU tests): static 96.7 %, FluidPD
+# 100.0 % live (simulated 97.9 / 99.6 %): FluidPD >= static - 1 pp is met. The controller took
+# two D->P switches proposed by the forecast (PPI-bar 0.55 and 0.35, forecast before/after
+# 0.53/0.43 and 0.51/0.42; up-fluidpd/controller.log), as the simulator did (13 s and 24 s).
+# The replay's role_switches list is empty: the replay did not read the router's admin stats.
+
+# The Azure slice with the busy calibration, nice'd, run with --out /tmp/wt14/live-azure3 and
+# copied (two earlier attempts at 17:25 and 17:42 UTC did not start: `fluidpd up` gave the
+# workers 60 s at load 13-17; LocalStack now gives 300 s, commit 45a0465).
+nice -n 10 fluidpd evaluate --workload azure-mixed --rps 20 --num-requests 2000 --pd 4P4D \
+  --policies static,fluidpd --seed 0 --out results/live/azure-mixed-2000-20rps-busy
+# Result (2026-12-02 17:47-17:56 UTC): static 11.8 % live (1-min load 12-18 during its replay,
+# 15 failed, TTFT median 15.8 s, send lag p99 716 ms), FluidPD 63.4 % live (load 5-11 during
+# its replay, 0 failed, send lag p99 156 ms); simulated 78.5 / 91.6 %. FluidPD >= static - 1 pp
+# holds, but the two replays ran at very different host loads (other sessions' SGLang CPU
+# tests), so the live gap says little about the policy; the earlier quiet run
+# (azure-mixed-2000-20rps: 78.5 / 91.5 %) is the better live comparison. The controller took
+# two forecast D->P switches (PPI-bar 3.0 and 358 read with the busy calibration as load
+# ratios (forecast bottleneck 0.74 and 0.78), not x4; up-fluidpd/controller.log), then reported
+# needs-capacity.
+

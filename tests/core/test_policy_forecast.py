@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -27,8 +28,9 @@ from fluidpd.core.policy_forecast import (
     poisson_tail,
     prefill_headroom,
     prefill_miss,
+    prefill_scale,
 )
-from fluidpd.core.scheduler.worker import Worker
+from fluidpd.core.scheduler.worker import BusyWindow, Worker
 from fluidpd.core.types import SLO, Request, Role, RoleState
 from fluidpd.profiles import resolve_profile
 
@@ -368,3 +370,46 @@ def test_a_within_capacity_split_that_misses_deadlines_is_rebalanced() -> None:
     policy = FluidRolePolicy(CFG, MODEL)
     decision = policy.observe(0.0, fleet(2, 2, 0.5, 0.1, 0.1), d)
     assert isinstance(decision, SwitchDecision) and decision.source is Role.DECODE
+
+
+def test_prefill_calibration_reads_what_the_pool_does_not_how_late_it_is() -> None:
+    """PPI-bar in the thousands (deadlines passed: a slow host, a stall upstream) on prefill
+    workers busy as much as the model says is no prefill overload: the forecast's load ratio
+    is the model's. Workers measured busier than the model (the demand or the engine's speed
+    is off) raise it by the measured factor; without a busy report PPI-bar stands in."""
+    d = demand(4.0, 6000.0, 340.0)
+    split = Split(4, 4)
+    modelled_busy = MODEL.prefill_busy(d, 4)
+    modelled = MODEL.prefill_ratio(d, 4)
+    assert prefill_scale(modelled, 1862.0, modelled_busy, modelled_busy) == 1.0
+    assert prefill_scale(modelled, 1862.0, 0.5 * modelled_busy, modelled_busy) == 1.0
+    assert prefill_scale(modelled, 1862.0, 1.0, modelled_busy) == pytest.approx(1.0 / modelled_busy)
+    assert prefill_scale(modelled, 0.9, 1.0, modelled_busy) == 1.0  # deadlines met
+    assert prefill_scale(modelled, 1862.0) == min(MAX_SCALE, 2.0 / modelled)  # no busy report
+    late = MODEL.forecast(d, split, Role.DECODE, 120.0, True, 0.35, 1862.0, modelled_busy)
+    quiet = MODEL.forecast(d, split, Role.DECODE, 120.0, True, 0.35, 0.5, modelled_busy)
+    assert late.before == quiet.before and late.loss_before == quiet.loss_before
+    busy = MODEL.forecast(d, split, Role.DECODE, 120.0, True, 0.35, 1862.0, 1.0)
+    assert busy.loss_before > late.loss_before
+
+
+def test_busy_window_measures_the_time_in_steps() -> None:
+    w = BusyWindow(window_s=10.0)
+    assert w.busy(5.0) == 0.0
+    for end in (2.0, 4.0, 6.0, 8.0, 10.0):
+        w.add(end, 1.0)
+    assert w.busy(10.0) == pytest.approx(0.5)
+    # Since the role began at t=6 only the last two steps and 4 s count.
+    assert w.busy(10.0, since=6.0) == pytest.approx(0.5)
+    assert w.busy(10.0, since=8.5) == pytest.approx(1.0 / 1.5)
+    # A step that began before the window counts only for its part inside it.
+    assert w.busy(15.5) == pytest.approx((0.5 + 1.0 + 1.0) / 10.0)
+    assert w.busy(40.0) == 0.0
+
+
+def test_a_prefill_worker_reports_its_measured_busy_fraction() -> None:
+    profile = resolve_profile("llama-3.1-8b", "a100-80gb", None)
+    worker = Worker.create("p0", Role.PREFILL, profile, SLO_, FluidTokenConfig(), now=0.0)
+    assert worker.pressure(10.0).busy == 0.0
+    decode = Worker.create("d0", Role.DECODE, profile, SLO_, FluidTokenConfig(), now=0.0)
+    assert decode.pressure(10.0).busy is None and decode.pressure(10.0).signals().busy is None

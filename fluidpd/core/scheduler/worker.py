@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 from fluidpd.core.fluidrole import WorkerSignals
@@ -41,6 +42,9 @@ class Pressure:
     #: Nothing left in flight on this worker (what a retiring worker waits for).
     drained: bool = False
     retiring: bool = False
+    #: Fraction of the last ``BUSY_WINDOW_S`` (since the role began, if later) this prefill
+    #: worker spent in prefill steps, measured (``BusyWindow``); None when not measured.
+    busy: float | None = None
 
     def signals(self) -> WorkerSignals:
         return WorkerSignals(
@@ -51,7 +55,41 @@ class Pressure:
             self.dpi_load,
             self.dpi_adm,
             self.drain_cost,
+            self.busy,
         )
+
+
+#: Seconds over which a prefill worker's busy fraction is measured (FluidRole's PPI window).
+BUSY_WINDOW_S = 10.0
+
+
+@dataclass(slots=True)
+class BusyWindow:
+    """The measured time a worker spent in steps over the last ``window_s`` (issue #14).
+
+    What a prefill pool really does with its time, as opposed to what its deadlines say: a
+    queue that misses deadlines (PPI-bar above 1) on workers that are idle part of the time is
+    not short of prefill capacity, however slow the host (or whatever delayed the requests
+    before they reached it). Times are the caller's; steps are (end time, measured seconds).
+    """
+
+    window_s: float = BUSY_WINDOW_S
+    _steps: deque[tuple[float, float]] = field(default_factory=deque)
+
+    def add(self, end: float, seconds: float) -> None:
+        self._steps.append((end, max(0.0, seconds)))
+
+    def busy(self, now: float, since: float = float("-inf")) -> float:
+        """Fraction of ``[max(now - window_s, since), now]`` covered by the steps (at most 1)."""
+        start = max(now - self.window_s, since)
+        steps = self._steps
+        while steps and steps[0][0] <= now - self.window_s:
+            steps.popleft()
+        span = now - start
+        if span <= 0:
+            return 0.0
+        covered = sum(max(0.0, min(end, now) - max(end - sec, start)) for end, sec in steps)
+        return min(1.0, covered / span)
 
 
 @dataclass(slots=True)
@@ -69,6 +107,8 @@ class Worker:
     calibrator: OnlineCalibrator
     adaptive: bool = False
     outbox: list[Message] = field(default_factory=list)
+    #: Measured prefill steps, for the busy fraction the pressure reports.
+    prefill_steps: BusyWindow = field(default_factory=BusyWindow)
 
     @classmethod
     def create(
@@ -152,6 +192,7 @@ class Worker:
     ) -> None:
         if isinstance(batch, PrefillBatch):
             self.prefill.finish_batch(batch, now)
+            self.prefill_steps.add(now, measured_s)
             if self.adaptive and batch.prefix_tokens > 0:
                 self.prefill.prefill = self.calibrator.observe_prefill(
                     batch.prefix_tokens, measured_s
@@ -248,4 +289,5 @@ class Worker:
             drain_cost=self.prefill.drain_cost(now) if is_prefill else d.drain_cost(),
             drained=self.drained,
             retiring=self.retiring,
+            busy=self.prefill_steps.busy(now, self.role_sm.since) if is_prefill else None,
         )
