@@ -22,6 +22,7 @@ import yaml
 
 from harness import ControlPlane, FakeKubelet, wait_for
 from harness.controlplane import KubectlError
+from harness.operator import install_crd
 
 pytestmark = pytest.mark.k8s
 
@@ -75,6 +76,9 @@ def release(control_plane: ControlPlane, kubelet: FakeKubelet) -> Iterator[Relea
     if cp.helm("status", RELEASE, "-n", SYSTEM, check=False).returncode == 0:
         cp.kubectl("delete", "fpd", "--all", "-A", "--timeout=90s", check=False)
         cp.helm("uninstall", RELEASE, "-n", SYSTEM, "--wait", check=False)
+    # The uninstall took the CRD with it; the worker's later modules rely on the session's
+    # ``crd`` fixture, which installs it once, so it is put back as that fixture left it.
+    install_crd(cp)
 
 
 def test_install_creates_crd_rbac_and_operator(
