@@ -12,6 +12,7 @@ plots. Re-running a label at the same rate adds another record (plots average su
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from collections import Counter
@@ -278,12 +279,11 @@ def load_previous(out_dir: Path) -> tuple[list[dict[str, Any]], str]:
         raise ResultsFileError(f"{path}: cannot append to it: no 'runs' list of records")
     # The command is in run.json (results.json of this version has none; an older one's has).
     command = doc.get("command")
-    try:
+    # A missing or unreadable run.json only loses the earlier command, not the records.
+    with contextlib.suppress(OSError, UnicodeDecodeError, ValueError):
         run = json.loads((out_dir / RUN_FILE).read_text())
         if isinstance(run, dict):
             command = run.get("command", command)
-    except (OSError, UnicodeDecodeError, ValueError):
-        pass
     return runs, command if isinstance(command, str) else ""
 
 
