@@ -9,7 +9,6 @@ Ctrl-C / SIGTERM stops them all in order.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import secrets
 import shlex
@@ -20,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fluidpd import procs
 from fluidpd.api.commands import (
     ENGINES,
     TRANSFERS,
@@ -195,17 +195,7 @@ class Stack:
 
     def stop(self, timeout: float = 10.0) -> None:
         # Controller first (no switch starts while stopping), then the router, then workers.
-        for _, proc in reversed(self.procs):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        deadline = time.time() + timeout
-        for _, proc in self.procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(max(0.0, deadline - time.time()))
-        for _, proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        procs.stop([proc for _, proc in reversed(self.procs)], timeout)
 
     def dead(self) -> list[str]:
         return [name for name, proc in self.procs if proc.poll() is not None]

@@ -34,6 +34,7 @@ from typing import Any
 
 import aiohttp
 
+from fluidpd import procs
 from fluidpd.drills.admin import admin_session, router_workers
 from fluidpd.drills.load import OpenLoopLoad, Outcome
 from fluidpd.procs import alive, die_with_parent
@@ -91,17 +92,7 @@ class Processes:
         """Stops the restarted components the way ``up`` stops its own: controller, router,
         then the sidecars."""
         order = sorted(self.children, key=lambda n: {"controller": 0, "router": 1}.get(n, 2))
-        for name in order:
-            if self.children[name].poll() is None:
-                self.children[name].send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        for name in order:
-            proc = self.children[name]
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        procs.stop([self.children[name] for name in order], timeout)
         self.children.clear()
 
 
