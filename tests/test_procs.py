@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import http.server
+import signal
 import socket
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from fluidpd.procs import alive, http_ok, wait_http
+from fluidpd.procs import alive, http_ok, stop, wait_http
 
 LAUNCHER = """
 import signal, subprocess, sys
@@ -74,3 +75,27 @@ def test_wait_http_answers_whether_it_came_up(server: str) -> None:
     assert wait_http(f"{server}/healthz", 5.0)
     assert not wait_http(f"{server}/other", 0.0)
     assert not wait_http(f"http://127.0.0.1:{_closed_port()}/healthz", 0.5)
+
+
+STUBBORN = """
+import signal, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+print(1, flush=True)
+time.sleep(120)
+"""
+
+
+def test_stop_ends_willing_and_stubborn_children_within_its_deadline() -> None:
+    willing = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    stubborn = subprocess.Popen([sys.executable, "-c", STUBBORN], stdout=subprocess.PIPE)
+    assert stubborn.stdout is not None
+    stubborn.stdout.readline()  # its SIGTERM handler is in place
+    done = subprocess.Popen([sys.executable, "-c", "pass"])
+    done.wait(30)
+    t0 = time.monotonic()
+    stop([stubborn, willing, done], timeout=1.0)
+    took = time.monotonic() - t0
+    assert willing.returncode == -signal.SIGTERM  # asked, and it went
+    assert stubborn.returncode == -signal.SIGKILL  # ignored the ask: killed at the deadline
+    assert done.returncode == 0  # already gone: not signalled
+    assert 1.0 <= took < 10.0  # one deadline for all, not one each
