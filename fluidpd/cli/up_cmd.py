@@ -126,7 +126,8 @@ def add_parser(sub: Any) -> None:
         default=None,
         metavar="BETA",
         help="testing: every prompt runs with stealing ratio BETA in [0, 1] (the decode worker "
-        "computes its last BETA share), whatever FluidToken decides",
+        "computes its last BETA share), whatever FluidToken decides (default: FluidToken "
+        "decides)",
     )
     p.add_argument(
         "--kv-arena-mib",
@@ -145,7 +146,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--admin-token",
         default=os.environ.get("FLUIDPD_ADMIN_TOKEN"),
-        help="bearer token for internal/admin endpoints (default: a random one per run)",
+        help="bearer token for internal/admin endpoints (default: $FLUIDPD_ADMIN_TOKEN, else a "
+        "random one per run)",
     )
     add_slo_options(p)
     add_fluidtoken_options(p)
