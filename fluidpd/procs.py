@@ -57,6 +57,36 @@ def die_with_parent(sig: signal.Signals = signal.SIGTERM) -> Callable[[], None]:
     return hook
 
 
+def spawn(
+    argv: Sequence[str],
+    log_path: Path,
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    append: bool = True,
+    death_signal: signal.Signals = signal.SIGTERM,
+    new_session: bool = False,
+    stdin: int | None = None,
+) -> subprocess.Popen[bytes]:
+    """Start ``argv`` with stdout and stderr in ``log_path`` (appended to, or truncated when
+    not ``append``), getting ``death_signal`` when the calling thread dies (spawn from a thread
+    that lives as long as the child should). ``new_session``: its own process group, so a
+    launcher can signal what it starts in turn."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    # The child has its own copy of the descriptor: the launcher's can close at once.
+    with log_path.open("ab" if append else "wb") as log:
+        return subprocess.Popen(
+            list(argv),
+            stdin=stdin,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=dict(env) if env is not None else None,
+            cwd=cwd,
+            start_new_session=new_session,
+            preexec_fn=die_with_parent(death_signal),  # noqa: PLW1509
+        )
+
+
 def stop(children: Sequence[subprocess.Popen[bytes]], timeout: float) -> None:
     """Stop ``children``: SIGTERM each one still running, in the order given (a launcher
     names the order its parts must stop in), then give them ``timeout`` seconds between them

@@ -10,10 +10,11 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from fluidpd.procs import alive, http_ok, stop, wait_http
+from fluidpd.procs import alive, http_ok, spawn, stop, wait_http
 
 LAUNCHER = """
 import signal, subprocess, sys
@@ -99,3 +100,13 @@ def test_stop_ends_willing_and_stubborn_children_within_its_deadline() -> None:
     assert stubborn.returncode == -signal.SIGKILL  # ignored the ask: killed at the deadline
     assert done.returncode == 0  # already gone: not signalled
     assert 1.0 <= took < 10.0  # one deadline for all, not one each
+
+
+def test_spawn_logs_the_childs_output_appending_or_from_the_start(tmp_path: Path) -> None:
+    log = tmp_path / "logs" / "child.log"
+    say = [sys.executable, "-c", "import sys; print('out'); print('err', file=sys.stderr)"]
+    assert spawn(say, log).wait(30) == 0
+    assert spawn(say, log).wait(30) == 0  # a restart's output goes on after the first's
+    assert log.read_text().split() == ["out", "err", "out", "err"]
+    assert spawn(say, log, append=False).wait(30) == 0  # a fresh run starts the log again
+    assert log.read_text().split() == ["out", "err"]

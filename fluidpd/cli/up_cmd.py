@@ -55,7 +55,7 @@ from fluidpd.cli.policy_options import (
     slo_config,
 )
 from fluidpd.cli.sidecar_cmd import add_sglang_options, sglang_sidecar_args
-from fluidpd.procs import die_with_parent, wait_http
+from fluidpd.procs import wait_http
 from fluidpd.profiles import resolve_profile
 from fluidpd.sim.policies import MECHANISMS, parse_pd
 
@@ -181,17 +181,10 @@ class Stack:
         self.procs: list[tuple[str, subprocess.Popen[bytes]]] = []
 
     def start(self, name: str, argv: list[str], env: dict[str, str]) -> None:
-        log = (self.run_dir / f"{name}.log").open("wb")
         cmd = [sys.executable, "-m", "fluidpd.cli.main", *argv]
         (self.run_dir / f"{name}.cmd").write_text(shlex.join(cmd) + "\n")
         # `up` starts no threads, so a pre-exec hook is safe here.
-        proc = subprocess.Popen(
-            cmd,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            preexec_fn=die_with_parent(signal.SIGTERM),  # noqa: PLW1509
-        )
+        proc = procs.spawn(cmd, self.run_dir / f"{name}.log", env=env, append=False)
         (self.run_dir / f"{name}.pid").write_text(f"{proc.pid}\n")
         self.procs.append((name, proc))
 
