@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -84,7 +85,8 @@ def _sidecar(
         sys.executable, "-m", "fluidpd.cli.main", "sidecar", "--id", wid, "--role", role,
         "--port", str(port), "--engine", "sglang", "--device", "cpu", "--model-dir", str(model),
         "--sglang-python", sglang_python, "--sglang-max-total-tokens", str(MAX_TOKENS),
-        "--sglang-start-timeout", str(START_S), "--sglang-dtype", DTYPE, *extra,
+        "--sglang-start-timeout", str(START_S), "--sglang-dtype", DTYPE,
+        "--log-level", "info", *extra,  # as `fluidpd up` starts it: the life cycle in its log
     ]  # fmt: skip
     out = (logs / f"{wid}.out").open("wb")
     return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
@@ -118,6 +120,8 @@ def stack(
             # (the CI run next to other tests hit the 60 s default once).
             "--first-token-timeout",
             "300",
+            "--log-level",
+            "info",
         ],
         stdout=(logs / "router.out").open("wb"),
         stderr=subprocess.STDOUT,
@@ -190,6 +194,29 @@ def test_greedy_text_through_fluidpd_equals_plain_sglang(stack: Stack) -> None:
         got = client.completions.create(model=model, prompt=[ids], max_tokens=16, temperature=0)
         assert got.choices[0].text == _text(stack.model, ref, 16), (length, ref)
         assert got.usage is not None and got.usage.completion_tokens == len(ref)
+
+
+def test_each_sidecar_logs_the_life_cycle_of_a_request(stack: Stack) -> None:
+    """The sglang sidecar's log lines are the sim/gpu sidecar's: one grep for "request <rid> "
+    over the logs traces a request whatever the engine (issue #16)."""
+    client = OpenAI(base_url=f"{stack.router}/v1", api_key="none", max_retries=0)
+    model = client.models.list().data[0].id
+    client.completions.create(model=model, prompt=[[20 + i for i in range(9)]], max_tokens=3)
+    router = (stack.logs / "router.out").read_text(errors="replace")
+    rids = re.findall(r"request (\d+) admitted \(cmpl-\w+\): 9 prompt tokens", router)
+    assert rids, router[-2000:]
+    rid = rids[-1]
+    # The prefill half's answer can come after the client's last token: give it a moment.
+    deadline = time.monotonic() + 30
+    p0 = ""
+    while time.monotonic() < deadline and f"request {rid} prefill done" not in p0:
+        time.sleep(0.2)
+        p0 = (stack.logs / "p0.out").read_text(errors="replace")
+    d0 = (stack.logs / "d0.out").read_text(errors="replace")
+    assert re.search(rf"request {rid} admitted for prefill \(9 prompt tokens, decode on d0\)", p0)
+    assert re.search(rf"request {rid} prefill done: \d+ stolen", p0), p0[-2000:]
+    assert re.search(rf"request {rid} admitted for decode \(9 prompt tokens, up to 3 new", d0)
+    assert re.search(rf"request {rid} finished \(\w+, \d+ tokens\)", d0), d0[-2000:]
 
 
 def test_decode_half_streams_plain_sglang_ids(stack: Stack) -> None:
