@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from fluidpd.procs import die_with_parent
 from harness.controlplane import ControlPlane
 from harness.wait import wait_for
 
@@ -41,8 +42,14 @@ class Operator:
         exe = Path(sys.executable).with_name("fluidpd")
         argv = [str(exe), "operator", "--namespace", self.namespace, "--standalone"]
         with self.log.open("ab") as out:
+            # Dies with the thread that started it, like the plane's components: a killed test
+            # run or drill leaves no operator behind acting on the next run's plane.
             self.proc = subprocess.Popen(
-                [*argv, "--log-level", "info"], env=env, stdout=out, stderr=subprocess.STDOUT
+                [*argv, "--log-level", "info"],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                preexec_fn=die_with_parent(signal.SIGKILL),  # noqa: PLW1509
             )
 
     def kill(self) -> None:
@@ -61,6 +68,15 @@ class Operator:
                 self.proc.kill()
                 self.proc.wait(10)
             self.proc = None
+
+    def delete_all_and_stop(self) -> None:
+        """Deletes every FluidPDDeployment of the namespace, then stops the operator."""
+        # The operator's finalizer stops its daemon cleanly; delete while it is still running.
+        if self.proc is None:
+            self.start()
+        self.cp.kubectl("delete", "fpd", "--all", "-n", self.namespace, "--timeout=90s",
+                        check=False)  # fmt: skip
+        self.stop()
 
     def tail(self, n: int = 6000) -> str:
         return self.log.read_text(errors="replace")[-n:] if self.log.exists() else ""
