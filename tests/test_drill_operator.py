@@ -4,6 +4,7 @@ control plane; ``e2e/test_operator_chaos.py`` runs its steps there."""
 
 from __future__ import annotations
 
+import datetime
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 
 from fluidpd.drills.load import Outcome
 from harness.drill_operator import summarize
+from harness.operator import Operator
 from harness.operator_chaos import HANG_S, Kill, account
 
 E2E = Path(__file__).resolve().parents[1] / "e2e"
@@ -62,8 +64,10 @@ def _outcome(start: float, end: float, ok: bool = True) -> Outcome:
 
 def test_every_request_lands_in_exactly_one_kills_window() -> None:
     # Kill 1 at t=10, done at 14; kill 2 at t=20, done at 25 (restart at 21 + 4 s).
-    k1 = Kill("scale-in: retire annotation set", "w1", "6->5", 10.0, True, 11.0, 3.0, 3.0)
-    k2 = Kill("switch: intent only", "w2", "decode->prefill (migrate)", 20.0, None, 21.0, 2.0, 4.0)
+    k1 = Kill("scale-in: retire annotation set", "w1", "6->5", 10.0, restarted_at=11.0,
+              completed_s=3.0, routed_s=3.0)  # fmt: skip
+    k2 = Kill("switch: intent only", "w2", "decode->prefill (migrate)", 20.0, restarted_at=21.0,
+              completed_s=2.0, routed_s=4.0)  # fmt: skip
     outcomes = [
         _outcome(1.0, 12.0),  # k1's window, in flight at its kill
         _outcome(13.9, 16.0, ok=False),  # k1's window (before 14), failed
@@ -91,7 +95,7 @@ def test_a_kill_whose_change_never_completed_closes_its_window_at_the_kill() -> 
 
 def test_the_summary_is_ok_only_when_nothing_was_lost() -> None:
     kill = {"where": "switch: intent only", "completed_s": 1.5, "routed_s": 2.0,
-            "pod_restarts": 0, "mid_way": None}  # fmt: skip
+            "pod_restarts": 0, "mid_way": None, "operator_up_s": 1.0}  # fmt: skip
     load = {"sent": 10, "completed": 10, "failed_clearly": 0, "hung": 0, "errors": {}}
     phase = {"round": 0, "phase": "switch", "error": "", "kills": [kill], "requests": load,
              "pod_restarts": 0, "pods_replaced": []}  # fmt: skip
@@ -103,3 +107,21 @@ def test_the_summary_is_ok_only_when_nothing_was_lost() -> None:
     assert not summarize([phase | {"kills": [kill | {"completed_s": None}]}])["ok"]
     assert not summarize([phase | {"error": "TimeoutError: ..."}])["ok"]
     assert not summarize([])["ok"]
+
+
+def test_the_operators_start_is_read_from_its_log(tmp_path: Path) -> None:
+    log = tmp_path / "operator.log"
+    op = Operator(None, "ns", log)  # type: ignore[arg-type]  # reads its log only
+    assert op.up_since(0.0) is None  # no log yet
+    startup = "INFO kopf.activities.startup: Activity 'startup' succeeded."
+    log.write_text(
+        f"2026-12-03 01:37:26,487 {startup}\n"
+        "2026-12-03 01:37:27,000 INFO kopf.objects: Resuming is processed\n"
+        f"2026-12-03 01:38:31,763 {startup}\n"
+    )
+    first = datetime.datetime(2026, 12, 3, 1, 37, 26, 487000).timestamp()
+    second = datetime.datetime(2026, 12, 3, 1, 38, 31, 763000).timestamp()
+    assert op.up_since(first - 5) == pytest.approx(first)
+    # A restart after the first start: the next startup line, not the old one.
+    assert op.up_since(first + 1) == pytest.approx(second)
+    assert op.up_since(second + 1) is None

@@ -17,8 +17,10 @@ with its own load:
   operator is restarted.
 
 Per kill it records where the operator died, the pod and change, restart to the change done
-in the cluster and to the router serving it, the deployment's pod restarts and replaced pods,
-and the requests of the kill's window (sent, completed, failed, hung, in flight at the kill).
+in the cluster and to the router serving it, restart to the new operator process up (kopf's
+startup, from its log: on a loaded machine most of the time to done), the deployment's pod
+restarts and replaced pods, and the requests of the kill's window (sent, completed, failed,
+hung, in flight at the kill).
 Exit status: 0 when every change completed with no pod restart and nothing lost, 1 otherwise,
 2 for bad arguments.
 """
@@ -202,6 +204,9 @@ def summarize(phases: list[dict[str, Any]]) -> dict[str, Any]:
             "completed": sum(1 for k in mine if k["completed_s"] is not None),
             "completed_s": _stats([k["completed_s"] for k in mine if k["completed_s"] is not None]),
             "routed_s": _stats([k["routed_s"] for k in mine if k["routed_s"] is not None]),
+            "operator_up_s": _stats(
+                [k["operator_up_s"] for k in mine if k["operator_up_s"] is not None]
+            ),
             "pod_restarts": sum(k["pod_restarts"] or 0 for k in mine),
         }
         if where.startswith("scale-in"):

@@ -4,6 +4,7 @@ the kubectl reads the operator's e2e tests share (objects, status, conditions, r
 from __future__ import annotations
 
 import base64
+import datetime
 import json
 import os
 import signal
@@ -77,6 +78,24 @@ class Operator:
         self.cp.kubectl("delete", "fpd", "--all", "-n", self.namespace, "--timeout=90s",
                         check=False)  # fmt: skip
         self.stop()
+
+    def up_since(self, t: float) -> float | None:
+        """When the operator last started after ``t`` (epoch) was up: the time its log says
+        kopf's ``startup`` activity succeeded, the first such line after ``t``; None if none."""
+        if not self.log.exists():
+            return None
+        for line in self.log.read_text(errors="replace").splitlines():
+            if "Activity 'startup' succeeded" not in line:
+                continue
+            try:
+                # The operator logs local time ("%(asctime)s"); naive means local here too.
+                at = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            except ValueError:
+                continue
+            # asctime has milliseconds; the restart is taken after Popen returns.
+            if at >= t - 0.01:
+                return at
+        return None
 
     def tail(self, n: int = 6000) -> str:
         return self.log.read_text(errors="replace")[-n:] if self.log.exists() else ""

@@ -108,6 +108,10 @@ class Kill:
     #: it yet), i.e. the kill was mid-way.
     mid_way: bool | None = None
     restarted_at: float = 0.0
+    #: Restart to the new operator process up (kopf's startup activity done, from its log):
+    #: the part of ``completed_s`` that is the operator's own start (imports, kopf), not the
+    #: resume. None: not found in the log.
+    operator_up_s: float | None = None
     #: Restart to the change done in the cluster (the retired pod gone and the worker count
     #: reached; the label flipped and the intent removed). None: not within the limit.
     completed_s: float | None = None
@@ -181,6 +185,7 @@ class Deployment:
         return sorted(n for n, uid in now.items() if self.first.get(n) != uid)
 
     def check_pods(self, kill: Kill) -> None:
+        """Fills in the kill's pod restarts and replaced pods (after its change completed)."""
         restarts = self.restarts()
         kill.pod_restarts = sum(restarts.values())
         kill.pods_replaced = self.replaced()
@@ -221,6 +226,11 @@ def start_switch_deployment(cp: ControlPlane, ns: str, name: str) -> Deployment:
 def chaos_load(url: str, seed: int, rps: float = 2.0) -> Load:
     """The load both phases run: short prompts, outputs long enough to be in flight at a kill."""
     return Load(url, rps=rps, prompt_len=(100, 400), max_tokens=(100, 250), seed=seed).start()
+
+
+def _operator_up(operator: Operator, kill: Kill) -> None:
+    up = operator.up_since(kill.restarted_at)
+    kill.operator_up_s = None if up is None else round(up - kill.restarted_at, 3)
 
 
 def _kill_when_retiring(
@@ -271,6 +281,7 @@ def scale_in_killed(dep: Deployment, k8s_api: Any, operator: Operator, kills: li
 
         wait_for(count, timeout=180, what=f"the restarted operator to finish the scale-in to {n}")
         kill.completed_s = time.time() - kill.restarted_at
+        _operator_up(operator, kill)
         wait_ready(cp, ns, name, n, timeout=120)
         wait_for(routed, timeout=60, what=f"the router to drop {victim}")
         kill.routed_s = time.time() - kill.restarted_at
@@ -330,6 +341,7 @@ def switches_killed(dep: Deployment, operator: Operator, kills: list[Kill]) -> N
 
         wait_for(flipped, timeout=120, what=f"{stage}: the restarted operator to finish")
         kill.completed_s = time.time() - kill.restarted_at
+        _operator_up(operator, kill)
         wait_for(routed, timeout=60, what=f"the router to see {pod} as {target}")
         kill.routed_s = time.time() - kill.restarted_at
         dep.check_pods(kill)
