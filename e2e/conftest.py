@@ -20,8 +20,6 @@ report.
 
 from __future__ import annotations
 
-import re
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,8 +28,9 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from harness import ControlPlane, FakeKubelet, ensure_binaries, wait_for
+from harness import ControlPlane, FakeKubelet, ensure_binaries
 from harness.binaries import CONTROL_PLANE
+from harness.namespace import create_namespace, delete_namespace
 from harness.operator import Operator, install_crd
 
 
@@ -55,35 +54,10 @@ def k8s_api(control_plane: ControlPlane) -> Iterator[Any]:
 
 
 @pytest.fixture
-def namespace(
-    control_plane: ControlPlane, k8s_api: Any, request: pytest.FixtureRequest
-) -> Iterator[str]:
-    core = client.CoreV1Api(k8s_api)
-    slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
-    name = f"{slug}-{uuid.uuid4().hex[:6]}"
-    core.create_namespace({"metadata": {"name": name, "labels": {"fluidpd.io/e2e": "true"}}})
-    # The ServiceAccount admission plugin rejects pods until the namespace's `default` exists.
-    wait_for(
-        lambda: core.read_namespaced_service_account("default", name),
-        timeout=60,
-        what=f"ServiceAccount {name}/default",
-    )
+def namespace(k8s_api: Any, request: pytest.FixtureRequest) -> Iterator[str]:
+    name = create_namespace(k8s_api, request.node.name)
     yield name
-    try:
-        # Pods first, directly: the namespace controller gets to them only after a while.
-        core.delete_collection_namespaced_pod(name)
-        core.delete_namespace(name)
-    except ApiException as e:
-        if e.status != 404:
-            raise
-
-    # Leave no pod processes behind for the next test; the namespace itself goes in the
-    # background (the namespace controller takes its time over the empty husk).
-    wait_for(
-        lambda: not core.list_namespaced_pod(name).items,
-        timeout=120,
-        what=f"the pods of namespace {name} to be deleted",
-    )
+    delete_namespace(k8s_api, name)
 
 
 @pytest.fixture
@@ -117,11 +91,7 @@ def operator(
     op = Operator(control_plane, namespace, tmp_path / "operator.log")
     op.start()
     yield op
-    # The operator's finalizer stops its daemon cleanly; delete while it is still running.
-    if op.proc is None:
-        op.start()
-    control_plane.kubectl("delete", "fpd", "--all", "-n", namespace, "--timeout=90s", check=False)
-    op.stop()
+    op.delete_all_and_stop()
     # Captured by pytest: shown only when the test fails.
     print(f"--- operator log ---\n{op.tail()}")
 

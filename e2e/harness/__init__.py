@@ -8,6 +8,9 @@
   as a local process on its own 127.0.0.x address, writing the pod status as a kubelet would.
 - `wait.wait_for(probe, timeout=...)` polls until probe returns something truthy.
 - `python -m harness.cluster` (`make cluster`) runs both until Ctrl-C.
+- `python -m harness.drill_operator` SIGKILLs the operator mid scale-in and mid-switch, round
+  after round, and writes JSON (issue #15; `operator_chaos` holds the steps it shares with
+  e2e/test_operator_chaos.py).
 """
 
 from harness.binaries import ensure_binaries

@@ -4,6 +4,7 @@ the kubectl reads the operator's e2e tests share (objects, status, conditions, r
 from __future__ import annotations
 
 import base64
+import datetime
 import json
 import os
 import signal
@@ -41,10 +42,11 @@ class Operator:
         env = dict(os.environ, KUBECONFIG=str(self.cp.kubeconfig), FLUIDPD_RESYNC_SECONDS="5")
         exe = Path(sys.executable).with_name("fluidpd")
         argv = [str(exe), "operator", "--namespace", self.namespace, "--standalone"]
-        with self.log.open("ab") as out:
-            self.proc = subprocess.Popen(
-                [*argv, "--log-level", "info"], env=env, stdout=out, stderr=subprocess.STDOUT
-            )
+        # Dies with the thread that started it, like the plane's components: a killed test
+        # run or drill leaves no operator behind acting on the next run's plane.
+        self.proc = procs.spawn(
+            [*argv, "--log-level", "info"], self.log, env=env, death_signal=signal.SIGKILL
+        )
 
     def kill(self) -> None:
         """SIGKILL: no cleanup, no goodbye, like a node failure."""
@@ -57,6 +59,33 @@ class Operator:
         if self.proc is not None:
             procs.stop([self.proc], 20)
             self.proc = None
+
+    def delete_all_and_stop(self) -> None:
+        """Deletes every FluidPDDeployment of the namespace, then stops the operator."""
+        # The operator's finalizer stops its daemon cleanly; delete while it is still running.
+        if self.proc is None:
+            self.start()
+        self.cp.kubectl("delete", "fpd", "--all", "-n", self.namespace, "--timeout=90s",
+                        check=False)  # fmt: skip
+        self.stop()
+
+    def up_since(self, t: float) -> float | None:
+        """When the operator last started after ``t`` (epoch) was up: the time its log says
+        kopf's ``startup`` activity succeeded, the first such line after ``t``; None if none."""
+        if not self.log.exists():
+            return None
+        for line in self.log.read_text(errors="replace").splitlines():
+            if "Activity 'startup' succeeded" not in line:
+                continue
+            try:
+                # The operator logs local time ("%(asctime)s"); naive means local here too.
+                at = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            except ValueError:
+                continue
+            # asctime has milliseconds; the restart is taken after Popen returns.
+            if at >= t - 0.01:
+                return at
+        return None
 
     def tail(self, n: int = 6000) -> str:
         return self.log.read_text(errors="replace")[-n:] if self.log.exists() else ""
