@@ -1,6 +1,13 @@
 """Prints the predictive rule's D->P forecasts of one `fluidpd sim` run (issue #14, the two
 oracle-2pp cells): ``python why.py sim ARGS...`` (the `fluidpd sim` arguments) writes one line
-per forecast every 10 s and at every forecast that clearly wins, to stderr."""
+per forecast every 10 s and at every forecast that clearly wins, to stderr.
+
+Each line is followed by the donor check taken apart: ``scale`` is the decode calibration
+(observed / modelled decode ratio of the current split; 1 before the pool is calibrated),
+``model_now`` the modelled decode ratio of the current split at the window's rate, and the
+modelled decode ratio of the split after the switch (uncalibrated) at the window's rate
+(``after@rate``) and at the rate the donor is checked at (``after@bound``: the higher of the
+rate's upper bound, ``RATE_Z`` compound-Poisson standard errors, and the recent peak)."""
 
 from __future__ import annotations
 
@@ -8,7 +15,14 @@ import sys
 
 import fluidpd.core.fluidrole as fr
 from fluidpd.cli.main import main
-from fluidpd.core.policy_forecast import Demand, Forecast, clearly_worth
+from fluidpd.core.policy_forecast import (
+    Demand,
+    Forecast,
+    Split,
+    clearly_worth,
+    decode_scale,
+    prefill_scale,
+)
 from fluidpd.core.types import Role
 
 _forecast = fr.FluidRolePolicy._forecast
@@ -27,6 +41,30 @@ def logged(
             f" peak={demand.peak_rate:.2f} n={demand.samples} loss {f.loss_before:.3f}->"
             f"{f.loss_after:.3f} saved={f.saved:.1f} noise={f.noise:.1f}"
             f" donor_after={f.donor_after:.2f} clearly_worth={ok}",
+            file=sys.stderr,
+        )
+        m = self.model
+        assert m is not None
+        split = Split(p.n_prefill, p.n_decode)
+        left = split.after(source)
+        ps = prefill_scale(
+            m.prefill_ratio(demand, split.n_prefill),
+            p.ppi_bar,
+            p.prefill_busy,
+            m.prefill_busy(demand, split.n_prefill),
+        )
+        now_ratio = m.decode_ratio(
+            demand, split.n_decode, m.prefill_wait(demand, split.n_prefill, ps)
+        )
+        observed = max(p.dpi_load_bar, p.dpi_adm_bar)
+        bound = demand.burst
+        at_rate = m.decode_ratio(demand, left.n_decode, m.prefill_wait(demand, left.n_prefill, ps))
+        at_bound = m.decode_ratio(bound, left.n_decode, m.prefill_wait(bound, left.n_prefill, ps))
+        print(
+            f"        observed={observed:.2f} model_now={now_ratio:.2f}"
+            f" scale_if_calibrated={decode_scale(now_ratio, observed):.2f}"
+            f" after@rate={at_rate:.2f} bound_rate={bound.rate:.2f}"
+            f" (+{100 * (bound.rate / demand.rate - 1):.0f} %) after@bound={at_bound:.2f}",
             file=sys.stderr,
         )
     return f
