@@ -3,6 +3,7 @@ CPU supervising a real SGLang 0.5.17 server that fails while loading.
 
 - a bad model directory: FluidPD's own checks pass (config, tokenizer, generation config) but
   the weights file is truncated, so SGLang's loader fails;
+- a flag SGLang does not know (``--sglang-arg``): SGLang's argument parser exits at once;
 - out of memory: SGLang's own KV-pool sizing fails, as on a GPU given too small a
   ``--mem-fraction``: on CPU SGLang measures the machine's available memory before and after
   loading the weights, so the model must outweigh what other processes free meanwhile (the
@@ -12,7 +13,7 @@ CPU supervising a real SGLang 0.5.17 server that fails while loading.
 
 Each sidecar answers ``/readyz`` 503 ("SGLang starting") while SGLang loads, then exits
 non-zero with one line naming the cause (SGLang's exception, not its traceback) and the log to
-read, instead of hanging. Both start at once (each SGLang start takes about a minute on two
+read, instead of hanging. They start at once (each SGLang start takes about a minute on two
 cores). The operator's side (a NotReady pod) is in e2e/test_operator.py.
 """
 
@@ -97,6 +98,9 @@ def failures(
     runs = {
         "bad-model": _start(sglang_python, bad, "badmodel", logs),
         "oom": _start(sglang_python, big, "oom", logs, *OOM_ARGS),
+        "bad-flag": _start(
+            sglang_python, tiny_llama_dir, "badflag", logs, "--sglang-arg=--no-such-sglang-flag"
+        ),
     }
     try:
         t0 = time.monotonic()
@@ -142,3 +146,11 @@ def test_bad_model_directory_is_one_line_and_not_ready(failures: dict[str, Faile
 def test_out_of_memory_is_one_line_and_not_ready(failures: dict[str, Failed]) -> None:
     last = _check(failures["oom"], "ValueError: Loaded weights leave no GPU memory for the KV")
     assert "--mem-fraction-static=1e-06" in last, last
+
+
+def test_sglang_that_cannot_start_is_one_line_and_nonzero(failures: dict[str, Failed]) -> None:
+    run = failures["bad-flag"]
+    # (It can exit before the first /readyz poll, so only its exit and its last line count.)
+    assert run.code is not None and run.code != 0, run.lines[-20:]
+    last = run.lines[-1]
+    assert "SGLang exited with status" in last and "no-such-sglang-flag" in last, last
