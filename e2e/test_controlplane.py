@@ -182,8 +182,11 @@ def test_deployment_scheduled_run_ready_served_and_replaced(
     assert control_plane.kubectl("logs", "-n", namespace, name, "--tail=1").stdout.count("\n") == 1
 
     victim = pods[0]
-    pid = kubelet.pid(victim.metadata.name, namespace)
-    assert pid is not None and _alive(pid)
+    # The kubelet records the process just after it starts: its output can come first.
+    pid = wait_for(
+        lambda: kubelet.pid(victim.metadata.name, namespace), timeout=30, what="victim's pid"
+    )
+    assert _alive(pid)
     core.delete_namespaced_pod(victim.metadata.name, namespace)
     wait_for(lambda: not _alive(pid), timeout=60, what=f"process {pid} to stop")
 
@@ -465,8 +468,8 @@ def test_grace_period_then_sigkill(kubelet: FakeKubelet, k8s_api: Any, namespace
     wait_for(
         lambda: "ignoring TERM" in kubelet.logs("stubborn", namespace), timeout=60, what="start"
     )
-    pid = kubelet.pid("stubborn", namespace)
-    assert pid is not None
+    # The pod's output can come before the kubelet has recorded the process it started.
+    pid = wait_for(lambda: kubelet.pid("stubborn", namespace), timeout=30, what="stubborn's pid")
     core.delete_namespaced_pod("stubborn", namespace)
     wait_for(lambda: not _pods(core, namespace), timeout=60, what="stubborn deleted")
     assert not _alive(pid)

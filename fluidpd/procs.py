@@ -1,6 +1,6 @@
 """Processes: whether one is still running (the local stack's orphan checks, the shm transport's
 sweep of arenas that SIGKILLed sidecars left behind), children that die with their launcher,
-and waiting for a child's HTTP endpoint to answer."""
+stopping children, and waiting for a child's HTTP endpoint to answer."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ import ctypes
 import os
 import signal
 import ssl
+import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 
@@ -34,7 +35,7 @@ def alive(pid: int) -> bool:
 
 # -- child processes of a launcher --------------------------------------------------------------
 # `fluidpd up`, the drills' local stack and the e2e harness's kubelet all start children that
-# must not outlive them, and all wait for a child's HTTP endpoint to answer: one way each.
+# must not outlive them, stop them, and wait for a child's HTTP endpoint to answer: one way each.
 
 _PR_SET_PDEATHSIG = 1
 
@@ -54,6 +55,53 @@ def die_with_parent(sig: signal.Signals = signal.SIGTERM) -> Callable[[], None]:
             _LIBC.prctl(_PR_SET_PDEATHSIG, sig)
 
     return hook
+
+
+def spawn(
+    argv: Sequence[str],
+    log_path: Path,
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+    append: bool = True,
+    death_signal: signal.Signals = signal.SIGTERM,
+    new_session: bool = False,
+    stdin: int | None = None,
+) -> subprocess.Popen[bytes]:
+    """Start ``argv`` with stdout and stderr in ``log_path`` (appended to, or truncated when
+    not ``append``), getting ``death_signal`` when the calling thread dies (spawn from a thread
+    that lives as long as the child should). ``new_session``: its own process group, so a
+    launcher can signal what it starts in turn."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    # The child has its own copy of the descriptor: the launcher's can close at once.
+    with log_path.open("ab" if append else "wb") as log:
+        return subprocess.Popen(
+            list(argv),
+            stdin=stdin,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=dict(env) if env is not None else None,
+            cwd=cwd,
+            start_new_session=new_session,
+            preexec_fn=die_with_parent(death_signal),  # noqa: PLW1509
+        )
+
+
+def stop(children: Sequence[subprocess.Popen[bytes]], timeout: float) -> None:
+    """Stop ``children``: SIGTERM each one still running, in the order given (a launcher
+    names the order its parts must stop in), then give them ``timeout`` seconds between them
+    to exit; SIGKILL whatever is left, and reap every one (no zombie stays behind)."""
+    for child in children:
+        if child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+    # One deadline for all: they exit concurrently, so stopping N takes timeout, not N x.
+    deadline = time.monotonic() + timeout
+    for child in children:
+        try:
+            child.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
 
 
 def http_ok(

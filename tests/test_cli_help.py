@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from fluidpd.cli.help_format import default_text, shows_default
+from fluidpd.cli.help_format import _FLAG_ACTIONS, default_text, shows_default
 from fluidpd.cli.main import build_parser, main
 
 #: The options a newcomer meets first: their help must explain more than the flag's name.
@@ -47,6 +47,19 @@ def _options(parser: argparse.ArgumentParser) -> list[argparse.Action]:
         and a.help != argparse.SUPPRESS
         and not isinstance(a, argparse._HelpAction | argparse._SubParsersAction)
     ]
+
+
+def _absent_unexplained(action: argparse.Action) -> bool:
+    """An option that takes a value but has none by default (None, an empty list) must say
+    in its help what happens without it ("default: SGLang's own", "default: no limit"):
+    argparse has nothing to print for it."""
+    takes_value = not isinstance(action, _FLAG_ACTIONS) and not action.required
+    return (
+        takes_value
+        and not shows_default(action)
+        and action.default is not argparse.SUPPRESS
+        and "default" not in (action.help or "").lower()
+    )
 
 
 def _rendered(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
@@ -82,6 +95,8 @@ def test_every_option_has_help_with_its_default_and_names(command: tuple[str, ..
             continue
         if shows_default(action) and default_text(action.default) not in shown.replace("- ", "-"):
             problems.append(f"{flag}: default {default_text(action.default)!r} not shown")
+        elif _absent_unexplained(action):
+            problems.append(f"{flag}: its help does not say what leaving it out does (default:)")
         for choice in action.choices or ():
             if str(choice) not in shown.replace("- ", "-"):
                 problems.append(f"{flag}: choice {choice!r} not shown")
@@ -140,3 +155,12 @@ def test_log_level_takes_names_in_any_case() -> None:
     assert args.log_level == "info"
     with pytest.raises(Exception, match="--log-level"):
         build_parser().parse_args(["router", "--log-level", "loud"])
+
+
+def test_a_token_from_the_environment_never_shows_in_help(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLUIDPD_ADMIN_TOKEN", "s3cret-token")
+    for command in (("router",), ("sidecar",), ("controller",), ("up",)):
+        parser = dict(_commands(build_parser()))[command]  # built with the variable set
+        text = parser.format_help()
+        assert "s3cret-token" not in text, command
+        assert "FLUIDPD_ADMIN_TOKEN" in text, command

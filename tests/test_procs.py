@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import http.server
+import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from fluidpd.procs import alive, http_ok, wait_http
+from fluidpd.procs import alive, http_ok, spawn, stop, wait_http
 
 LAUNCHER = """
 import signal, subprocess, sys
@@ -74,3 +76,37 @@ def test_wait_http_answers_whether_it_came_up(server: str) -> None:
     assert wait_http(f"{server}/healthz", 5.0)
     assert not wait_http(f"{server}/other", 0.0)
     assert not wait_http(f"http://127.0.0.1:{_closed_port()}/healthz", 0.5)
+
+
+STUBBORN = """
+import signal, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+print(1, flush=True)
+time.sleep(120)
+"""
+
+
+def test_stop_ends_willing_and_stubborn_children_within_its_deadline() -> None:
+    willing = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    stubborn = subprocess.Popen([sys.executable, "-c", STUBBORN], stdout=subprocess.PIPE)
+    assert stubborn.stdout is not None
+    stubborn.stdout.readline()  # its SIGTERM handler is in place
+    done = subprocess.Popen([sys.executable, "-c", "pass"])
+    done.wait(30)
+    t0 = time.monotonic()
+    stop([stubborn, willing, done], timeout=1.0)
+    took = time.monotonic() - t0
+    assert willing.returncode == -signal.SIGTERM  # asked, and it went
+    assert stubborn.returncode == -signal.SIGKILL  # ignored the ask: killed at the deadline
+    assert done.returncode == 0  # already gone: not signalled
+    assert 1.0 <= took < 10.0  # one deadline for all, not one each
+
+
+def test_spawn_logs_the_childs_output_appending_or_from_the_start(tmp_path: Path) -> None:
+    log = tmp_path / "logs" / "child.log"
+    say = [sys.executable, "-c", "import sys; print('out'); print('err', file=sys.stderr)"]
+    assert spawn(say, log).wait(30) == 0
+    assert spawn(say, log).wait(30) == 0  # a restart's output goes on after the first's
+    assert log.read_text().split() == ["out", "err", "out", "err"]
+    assert spawn(say, log, append=False).wait(30) == 0  # a fresh run starts the log again
+    assert log.read_text().split() == ["out", "err"]

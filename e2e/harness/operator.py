@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from fluidpd import procs
 from harness.controlplane import ControlPlane
 from harness.wait import wait_for
 
@@ -54,12 +55,7 @@ class Operator:
 
     def stop(self) -> None:
         if self.proc is not None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+            procs.stop([self.proc], 20)
             self.proc = None
 
     def tail(self, n: int = 6000) -> str:

@@ -12,7 +12,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from fluidpd.procs import die_with_parent
+import fluidpd.procs
 
 
 def spawn(
@@ -26,18 +26,15 @@ def spawn(
 
     The parent-death signal is tied to the calling thread: spawn from a long-lived thread.
     """
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("ab") as log:
-        return subprocess.Popen(
-            list(argv),
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=dict(env) if env is not None else None,
-            cwd=cwd,
-            start_new_session=True,
-            preexec_fn=die_with_parent(signal.SIGKILL),  # noqa: PLW1509
-        )
+    return fluidpd.procs.spawn(
+        argv,
+        log_path,
+        env=env,
+        cwd=cwd,
+        death_signal=signal.SIGKILL,
+        new_session=True,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:

@@ -42,13 +42,17 @@ def add_parser(sub: Any) -> None:
         "arrivals (GET /admin/arrivals), the workers' profile (--model/--gpu or --profile) and "
         "the SLO, as the simulator does; without --router it decides as the paper rule.",
     )
-    p.add_argument("--router", default=None, help="router URL; its worker set is used")
+    p.add_argument(
+        "--router",
+        default=None,
+        help="router URL; its worker set is used (default: none, only --worker)",
+    )
     p.add_argument(
         "--worker",
         action="append",
         default=[],
         metavar="ID=URL",
-        help="a worker sidecar to control (repeat; instead of or besides --router)",
+        help="a worker sidecar to control (repeat; instead of or besides --router; default: none)",
     )
     p.add_argument(
         "--metrics-port",

@@ -32,13 +32,13 @@ def add_parser(sub: Any) -> None:
         "--liveness",
         default=None,
         metavar="URL",
-        help="serve kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz",
+        help="serve kopf's liveness probe, e.g. http://0.0.0.0:8080/healthz (default: not served)",
     )
     p.add_argument(
         "--metrics-port",
         type=positive_int,
         default=None,
-        help="serve the controllers' Prometheus metrics on this port",
+        help="serve the controllers' Prometheus metrics on this port (default: off)",
     )
     p.add_argument(
         "--log-level",

@@ -32,7 +32,10 @@ GPU_HELP = (
     "GPU type of the profile, e.g. a100-80gb or h200 (a name in the profile's file name, not "
     "a device: the gpu engine's device is --device)"
 )
-PROFILE_HELP = "profile YAML file (replaces --model/--gpu)"
+PROFILE_HELP = (
+    "profile YAML file (replaces --model/--gpu; default: <model>-<gpu>.yaml from the shipped "
+    "profiles, or from $FLUIDPD_PROFILES_DIR when set)"
+)
 SEED_HELP = "random seed; the same seed gives the same run"
 
 if TYPE_CHECKING:
@@ -100,7 +103,10 @@ def add_service_options(parser: argparse.ArgumentParser, log_level: str = "warni
     parser.add_argument(
         "--admin-token",
         default=os.environ.get("FLUIDPD_ADMIN_TOKEN"),
-        help="bearer token on internal and admin endpoints (env FLUIDPD_ADMIN_TOKEN)",
+        # "default" in the text keeps the formatter from printing the value: a token from the
+        # environment must not show in --help.
+        help="bearer token on internal and admin endpoints (default: $FLUIDPD_ADMIN_TOKEN; "
+        "without one they are open)",
     )
     parser.add_argument(
         "--log-level",

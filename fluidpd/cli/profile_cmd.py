@@ -55,7 +55,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--from-report",
         default=None,
-        help="refit from the measurements of an earlier JSON report (no GPU, no measuring)",
+        help="refit from the measurements of an earlier JSON report (no GPU, no measuring; "
+        "default: measure)",
     )
     p.add_argument("--report", default=None, help="JSON report (default: --out with .json)")
     p.add_argument(

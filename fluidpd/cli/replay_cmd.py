@@ -88,7 +88,8 @@ def add_parser(sub: Any) -> None:
         "--max-concurrency",
         type=positive_int,
         default=None,
-        help="at most this many requests in flight; waiting for a slot counts toward TTFT",
+        help="at most this many requests in flight; waiting for a slot counts toward TTFT "
+        "(default: no limit)",
     )
     w = p.add_argument_group("workload")
     w.add_argument(

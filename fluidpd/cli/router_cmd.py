@@ -41,7 +41,8 @@ def add_parser(sub: Any) -> None:
         action="append",
         default=[],
         metavar="ID=URL",
-        help="a worker sidecar (repeat); more can be PUT to /admin/workers later",
+        help="a worker sidecar (repeat); more can be PUT to /admin/workers later (default: "
+        "none until then)",
     )
     p.add_argument(
         "--model",
@@ -49,7 +50,12 @@ def add_parser(sub: Any) -> None:
         help="served model name, and with --gpu the profile (for the context limit)",
     )
     p.add_argument("--gpu", default="a100-80gb", help=GPU_HELP)
-    p.add_argument("--profile", default=None, help="profile YAML (for the context limit)")
+    p.add_argument(
+        "--profile",
+        default=None,
+        help="profile YAML (for the context limit; default: <model>-<gpu>.yaml as for the "
+        "other commands)",
+    )
     add_model_dir_option(p)
     p.add_argument(
         "--pairing",

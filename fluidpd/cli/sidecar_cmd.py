@@ -95,8 +95,9 @@ def add_parser(sub: Any) -> None:
         default=None,
         metavar="BETA",
         help="run every prompt with stealing ratio BETA in [0, 1] (the decode worker computes "
-        "its last BETA share), whatever FluidToken decides (testing, pinning a split); the "
-        "sglang engine's is changed at run time with PUT /admin/fluidtoken",
+        "its last BETA share), whatever FluidToken decides (testing, pinning a split; default: "
+        "FluidToken decides); the sglang engine's is changed at run time with PUT "
+        "/admin/fluidtoken",
     )
     add_service_options(p, "warning")
     p.set_defaults(func=run)
@@ -122,20 +123,23 @@ def add_sglang_options(parser: argparse.ArgumentParser) -> None:
         "--mem-fraction",
         type=_mem_fraction,
         default=None,
-        help="SGLang's --mem-fraction-static (share of the GPU for weights and KV)",
+        help="SGLang's --mem-fraction-static (share of the GPU for weights and KV; default: "
+        "SGLang's own)",
     )
     g.add_argument(
         "--sglang-max-total-tokens",
         type=positive_int,
         default=None,
         metavar="N",
-        help="SGLang's KV pool size in tokens (CPU servers need one)",
+        help="SGLang's KV pool size in tokens (CPU servers need one; default: SGLang sizes it "
+        "from --mem-fraction)",
     )
     g.add_argument(
         "--sglang-load-format",
         default=None,
         metavar="FORMAT",
-        help="SGLang's --load-format (dummy: the model directory's config.json, random weights)",
+        help="SGLang's --load-format (dummy: the model directory's config.json, random weights; "
+        "default: SGLang's auto, the directory's weights)",
     )
     g.add_argument(
         "--sglang-dtype",
@@ -149,7 +153,8 @@ def add_sglang_options(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="ARG",
-        help="one more SGLang server flag (repeatable), e.g. --sglang-arg=--disable-cuda-graph",
+        help="one more SGLang server flag (repeatable), e.g. --sglang-arg=--disable-cuda-graph "
+        "(default: none)",
     )
     g.add_argument(
         "--sglang-prefill-window",

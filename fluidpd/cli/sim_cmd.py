@@ -143,7 +143,8 @@ def add_parser(sub: Any) -> None:
         choices=("robustness",),
         default=None,
         help="run a fixed matrix instead of the options above: robustness = FluidPD vs static "
-        "and oracle over workloads x profiles x SLOs x sizes x rates (uses --seed, --jobs, --out)",
+        "and oracle over workloads x profiles x SLOs x sizes x rates (uses --seed, --jobs, --out; "
+        "default: none, run the options above)",
     )
     s.add_argument(
         "--suite-size",

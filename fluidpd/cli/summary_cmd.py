@@ -58,7 +58,11 @@ def add_compare_parser(sub: Any) -> None:
     p.add_argument("b", metavar="DIR_B", help="second results directory (e.g. the simulator)")
     p.add_argument("--label-a", default="A", help="column name for DIR_A, e.g. live")
     p.add_argument("--label-b", default="B", help="column name for DIR_B, e.g. simulated")
-    p.add_argument("--out", default=None, help="also write the comparison as JSON here")
+    p.add_argument(
+        "--out",
+        default=None,
+        help="also write the comparison as JSON here (default: print it only)",
+    )
     p.set_defaults(func=run_compare)
 
 

@@ -9,7 +9,6 @@ Ctrl-C / SIGTERM stops them all in order.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import secrets
 import shlex
@@ -20,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fluidpd import procs
 from fluidpd.api.commands import (
     ENGINES,
     TRANSFERS,
@@ -55,7 +55,7 @@ from fluidpd.cli.policy_options import (
     slo_config,
 )
 from fluidpd.cli.sidecar_cmd import add_sglang_options, sglang_sidecar_args
-from fluidpd.procs import die_with_parent, wait_http
+from fluidpd.procs import wait_http
 from fluidpd.profiles import resolve_profile
 from fluidpd.sim.policies import MECHANISMS, parse_pd
 
@@ -126,7 +126,8 @@ def add_parser(sub: Any) -> None:
         default=None,
         metavar="BETA",
         help="testing: every prompt runs with stealing ratio BETA in [0, 1] (the decode worker "
-        "computes its last BETA share), whatever FluidToken decides",
+        "computes its last BETA share), whatever FluidToken decides (default: FluidToken "
+        "decides)",
     )
     p.add_argument(
         "--kv-arena-mib",
@@ -145,7 +146,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--admin-token",
         default=os.environ.get("FLUIDPD_ADMIN_TOKEN"),
-        help="bearer token for internal/admin endpoints (default: a random one per run)",
+        help="bearer token for internal/admin endpoints (default: $FLUIDPD_ADMIN_TOKEN, else a "
+        "random one per run)",
     )
     add_slo_options(p)
     add_fluidtoken_options(p)
@@ -179,33 +181,16 @@ class Stack:
         self.procs: list[tuple[str, subprocess.Popen[bytes]]] = []
 
     def start(self, name: str, argv: list[str], env: dict[str, str]) -> None:
-        log = (self.run_dir / f"{name}.log").open("wb")
         cmd = [sys.executable, "-m", "fluidpd.cli.main", *argv]
         (self.run_dir / f"{name}.cmd").write_text(shlex.join(cmd) + "\n")
         # `up` starts no threads, so a pre-exec hook is safe here.
-        proc = subprocess.Popen(
-            cmd,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            preexec_fn=die_with_parent(signal.SIGTERM),  # noqa: PLW1509
-        )
+        proc = procs.spawn(cmd, self.run_dir / f"{name}.log", env=env, append=False)
         (self.run_dir / f"{name}.pid").write_text(f"{proc.pid}\n")
         self.procs.append((name, proc))
 
     def stop(self, timeout: float = 10.0) -> None:
         # Controller first (no switch starts while stopping), then the router, then workers.
-        for _, proc in reversed(self.procs):
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        deadline = time.time() + timeout
-        for _, proc in self.procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(max(0.0, deadline - time.time()))
-        for _, proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        procs.stop([proc for _, proc in reversed(self.procs)], timeout)
 
     def dead(self) -> list[str]:
         return [name for name, proc in self.procs if proc.poll() is not None]

@@ -34,9 +34,10 @@ from typing import Any
 
 import aiohttp
 
+from fluidpd import procs
 from fluidpd.drills.admin import admin_session, router_workers
 from fluidpd.drills.load import OpenLoopLoad, Outcome
-from fluidpd.procs import alive, die_with_parent
+from fluidpd.procs import alive
 
 #: After a router kill, a client retry within this long of its restart is the kill's doing.
 ROUTER_RETRY_GRACE_S = 3.0
@@ -75,15 +76,9 @@ class Processes:
 
     def restart(self, name: str) -> None:
         argv = shlex.split((self.run_dir / f"{name}.cmd").read_text())
-        with (self.run_dir / f"{name}.log").open("ab") as log:
-            # Started from the event loop's thread, which lives as long as the drill.
-            proc = subprocess.Popen(
-                argv,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=self.env,
-                preexec_fn=die_with_parent(signal.SIGTERM),  # noqa: PLW1509
-            )
+        # Started from the event loop's thread, which lives as long as the drill; the log
+        # goes on after the killed process's.
+        proc = procs.spawn(argv, self.run_dir / f"{name}.log", env=self.env)
         (self.run_dir / f"{name}.pid").write_text(f"{proc.pid}\n")
         self.children[name] = proc
 
@@ -91,17 +86,7 @@ class Processes:
         """Stops the restarted components the way ``up`` stops its own: controller, router,
         then the sidecars."""
         order = sorted(self.children, key=lambda n: {"controller": 0, "router": 1}.get(n, 2))
-        for name in order:
-            if self.children[name].poll() is None:
-                self.children[name].send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        for name in order:
-            proc = self.children[name]
-            try:
-                proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        procs.stop([self.children[name] for name in order], timeout)
         self.children.clear()
 
 

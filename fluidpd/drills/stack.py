@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -96,13 +95,8 @@ class LocalStack:
 
     def stop(self) -> list[str]:
         """Stops the stack; returns the components that outlived it (should be none)."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            procs.stop([self.proc], 30)
         return [name for name, pid in self.pids().items() if alive(pid)]
 
     def __exit__(

@@ -51,6 +51,10 @@ class Job:
     #: ``SamplingParams.model_dump()``: sent with both halves.
     sampling: dict[str, Any]
     arrival: float
+    #: The id the client sees (``cmpl-...``). Logged with ``rid`` when the request is admitted:
+    #: the workers' logs know only ``rid``, so this line is where a client's report of a lost
+    #: request is traced from.
+    public_id: str = ""
     rid: int = 0
     tokens: int = 0
     attempts: int = 0
@@ -106,8 +110,9 @@ class Dispatcher:
                 rid=job.rid, prompt_ids=job.prompt_ids, sampling=job.sampling, arrival=job.arrival
             )
             log.info(
-                "request %d admitted: %d prompt tokens, prefill %s, decode %s (attempt %d)",
-                job.rid, job.prompt_len, pair[0].worker, pair[1].worker, job.attempts,
+                "request %d admitted (%s): %d prompt tokens, prefill %s, decode %s (attempt %d)",
+                job.rid, job.public_id or "-", job.prompt_len, pair[0].worker, pair[1].worker,
+                job.attempts,
             )  # fmt: skip
             try:
                 async for event in self._attempt(job, *pair, deadline):

@@ -98,10 +98,10 @@ class _Server:
         sampling: SamplingParams,
         body: CompletionRequest | ChatCompletionRequest,
     ) -> Response:
-        job = Job(prompt_ids, sampling.model_dump(), time.time())
+        rid = f"{'chatcmpl' if api == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        job = Job(prompt_ids, sampling.model_dump(), time.time(), public_id=rid)
         # Counted once per client request (a re-pairing is not a new arrival), as the simulator.
         self.ctx.arrivals.add(job.arrival, len(prompt_ids), sampling.max_new_tokens)
-        rid = f"{'chatcmpl' if api == 'chat' else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         reply = Reply(
             api, rid, int(job.arrival), body.model, sampling.wants_logprobs, len(prompt_ids),
             body.return_tokens_as_token_ids,

@@ -37,6 +37,9 @@ class WorkerInfo:
     pressure: dict[str, Any] = field(default_factory=dict)
     #: Marked dead by a failed request: skipped until a poll sees it alive again.
     suspect_until: float = 0.0
+    #: Role and state as last polled (``state`` above is also cleared by a 409 between polls):
+    #: what a change is logged against.
+    polled: tuple[Role, RoleState] | None = None
 
     def accepts(self, role: Role, now: float) -> bool:
         return (
@@ -160,11 +163,14 @@ class WorkerSet:
             info.healthy = False
             info.failures += 1
             return
+        if info.failures:
+            log.info("worker %s reachable again after %d failed polls", info.worker, info.failures)
         info.healthy = True
         info.failures = 0
         info.suspect_until = 0.0
         info.role = Role(p["role"])
         info.state = RoleState(p["state"])
+        self._log_change(info)
         info.pressure = p
         if p.get("switches", 0) > info.switches and p.get("last_switch_to"):
             self.switches.append(
@@ -177,6 +183,23 @@ class WorkerSet:
                 }
             )
         info.switches = p.get("switches", 0)
+
+    @staticmethod
+    def _log_change(info: WorkerInfo) -> None:
+        """Logs a worker's role or state as the router first sees it and each time it changes
+        (a switch reads drain, switch, then active in the new role), so the router's log shows
+        when it stopped and started sending a worker work."""
+        assert info.role is not None and info.state is not None
+        now = (info.role, info.state)
+        if now == info.polled:
+            return
+        shown = f"{now[0].value}/{now[1].value}"
+        if info.polled is None:
+            log.info("worker %s: %s", info.worker, shown)
+        else:
+            was = f"{info.polled[0].value}/{info.polled[1].value}"
+            log.info("worker %s: %s -> %s", info.worker, was, shown)
+        info.polled = now
 
     def stats(self) -> dict[str, Any]:
         workers = [

@@ -83,6 +83,12 @@ def format_table(records: Sequence[Mapping[str, Any]]) -> str:
     detail = [r for r in records if r["policy"] in ("fluidpd", "fluidrole", "fluidtoken")]
     if detail:
         lines.append("")
+        # Like the first table, a title that says what the columns are: the abbreviated
+        # headers alone left "stolen tok" and "TTFT %" to guesswork.
+        lines.append(
+            "Per run: role switches, prompt tokens stolen by decode workers (FluidToken), "
+            "TTFT and TPOT attainment (%), failed requests"
+        )
         lines.append(
             f"{'workload':<16} {'rps':>6}  {'policy':<10} {'switches':>8} {'stolen tok':>11}"
             f" {'TTFT %':>7} {'TPOT %':>7} {'failed':>7}"

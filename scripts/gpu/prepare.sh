@@ -5,7 +5,10 @@
 # .gpudata/ mooncake's system libraries (.deb, unpacked there by setup.sh) and the Azure traces.
 set -eu
 cd "$(dirname "$0")/../.."
-grep -qx '/.whl/' .git/info/exclude 2>/dev/null || printf '/.whl/\n/.gpudata/\n' >> .git/info/exclude
+# The common git dir: in a worktree .git is a file, and a fresh clone may have no info/.
+EXCLUDE=$(git rev-parse --git-common-dir)/info/exclude
+mkdir -p "$(dirname "$EXCLUDE")"
+grep -qx '/.whl/' "$EXCLUDE" 2>/dev/null || printf '/.whl/\n/.gpudata/\n' >> "$EXCLUDE"
 mkdir -p .whl .gpudata/debs .gpudata/traces
 P="--only-binary=:all: --no-deps --python-version 3.12 --implementation cp"
 P="$P --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64"

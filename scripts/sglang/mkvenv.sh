@@ -29,6 +29,16 @@ if [ -f "$stamp" ] && check; then
   echo "$PY"
   exit 0
 fi
+# Both pytest workers (and other checkouts) may ask at once on a fresh machine: one builds, the
+# others wait for it and then take the fast path (without the lock one's rm -rf below removed
+# the venv the other was installing into).
+mkdir -p "$CACHE"
+exec 9>"$CACHE/sglang-venv.lock"
+flock 9
+if [ -f "$stamp" ] && check; then
+  echo "$PY"
+  exit 0
+fi
 shared=$("$TORCH_PYTHON" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))') || {
   echo "mkvenv.sh: $TORCH_PYTHON has no torch to share (set TORCH_PYTHON)" >&2; exit 1; }
 rm -rf "$VENV"

@@ -89,6 +89,24 @@ def violations(source: str, module: str) -> list[str]:
     return found
 
 
+def private_imports(source: str, module: str) -> list[str]:
+    """``from <another module> import _name``: a private name is its module's own business
+    (``replay`` once imported ``sim.report._slug``); what another module needs is made public.
+    Within one package (``fluidpd_sidecar``, ``fluidpd.core``, ...) the modules are one unit."""
+    src = part_of(module)
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.ImportFrom) or node.level:
+            continue  # a relative import stays inside its package
+        base = node.module or ""
+        if base.split(".")[0] not in SOURCES or part_of(base) == src:
+            continue
+        for alias in node.names:
+            if alias.name.startswith("_") and not alias.name.startswith("__"):
+                found.append(f"{module}:{node.lineno} imports {base}.{alias.name} (private)")
+    return found
+
+
 def project_modules() -> Iterator[tuple[str, Path]]:
     for root in SOURCES.values():
         for path in sorted(root.rglob("*.py")):
@@ -105,6 +123,19 @@ def test_every_part_has_a_rule() -> None:
 def test_no_forbidden_import() -> None:
     found = [v for m, p in project_modules() for v in violations(p.read_text(), m)]
     assert found == []
+
+
+def test_no_part_imports_another_parts_private_names() -> None:
+    found = [v for m, p in project_modules() for v in private_imports(p.read_text(), m)]
+    assert found == []
+
+
+def test_a_private_import_is_caught() -> None:
+    assert private_imports("from fluidpd.sim.report import _slug\n", "fluidpd.replay.results")
+    assert not private_imports("from fluidpd.sim.report import slug\n", "fluidpd.replay.results")
+    # Inside one part its modules share their private names; relative imports likewise.
+    assert not private_imports("from fluidpd.sim.report import _slug\n", "fluidpd.sim.plots")
+    assert not private_imports("from .report import _slug\n", "fluidpd.sim.plots")
 
 
 @pytest.mark.parametrize(

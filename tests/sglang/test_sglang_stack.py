@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -219,6 +220,34 @@ def test_greedy_text_through_fluidpd_equals_plain_sglang(up: Up) -> None:
         got = client.completions.create(model=model, prompt=[ids], max_tokens=16, temperature=0)
         assert got.choices[0].text == _text(up.model, ref, 16), (length, ref)
         assert got.usage is not None and got.usage.completion_tokens == len(ref)
+
+
+def test_each_sidecar_logs_the_life_cycle_of_a_request(up: Up) -> None:
+    """The sglang sidecar's log lines are the sim/gpu sidecar's: one grep for "request <rid> "
+    over the logs traces a request whatever the engine (issue #16)."""
+    client = _client(up, timeout=120)
+    model = client.models.list().data[0].id
+    client.completions.create(model=model, prompt=[[20 + i for i in range(9)]], max_tokens=3)
+    router = (up.run_dir / "router.log").read_text(errors="replace")
+    rids = re.findall(r"request (\d+) admitted \(cmpl-\w+\): 9 prompt tokens", router)
+    assert rids, router[-2000:]
+    rid = rids[-1]
+
+    def prefill_logs() -> str:  # (either prefill worker may have had it)
+        return "".join((up.run_dir / f"{w}.log").read_text(errors="replace") for w in PREFILL)
+
+    # The prefill half's answer can come after the client's last token: give it a moment.
+    deadline = time.monotonic() + 30
+    p = prefill_logs()
+    while time.monotonic() < deadline and f"request {rid} prefill done" not in p:
+        time.sleep(0.2)
+        p = prefill_logs()
+    d = (up.run_dir / f"{DECODE}.log").read_text(errors="replace")
+    assert re.search(rf"request {rid} admitted for prefill \(9 prompt tokens, decode on {DECODE}\)",
+                     p), p[-2000:]  # fmt: skip
+    assert re.search(rf"request {rid} prefill done: \d+ stolen", p), p[-2000:]
+    assert re.search(rf"request {rid} admitted for decode \(9 prompt tokens, up to 3 new", d)
+    assert re.search(rf"request {rid} finished \(\w+, \d+ tokens\)", d), d[-2000:]
 
 
 def test_decode_half_streams_plain_sglang_ids(up: Up) -> None:

@@ -178,3 +178,31 @@ def test_a_prefill_peer_gone_before_the_reservation_reached_it(tmp_path: Path) -
     events = asyncio.run(go())
     assert posts.rids("/v1/internal/reserved")[:2] == [3, 3]
     assert [(e["event"], e["detail"]) for e in events] == [("error", "prefill peer unreachable")]
+
+
+def test_a_decode_peer_dying_mid_hand_off_cancels_the_prefill_half(tmp_path: Path) -> None:
+    """The KV is sent, then the decode peer is gone before it hears of it: the prefill half
+    ends "cancelled" naming the hand-off (the router re-pairs on that), and the prefill
+    worker is left with nothing of the request, taking the next one."""
+    posts = _Posts(fail=("/v1/internal/handoff",))
+
+    async def go() -> tuple[Any, Any]:
+        svc = sim_service(tmp_path, "p1", Role.PREFILL)
+        svc.peers.post = posts  # type: ignore[method-assign]
+        await svc.start()
+        try:
+            svc.reserved(Reserved(rid=6, decode_worker="d0", t=time.time(), budget=0.0))
+            lost = await asyncio.wait_for(svc.accept_prefill(_prefill_half(6)), 30)
+            assert 6 not in svc.prefill_halves and svc.worker.prefill.queue_len == 0
+            posts.fail = ()  # the next decode peer is there
+            svc.reserved(Reserved(rid=7, decode_worker="d0", t=time.time(), budget=0.0))
+            kept = await asyncio.wait_for(svc.accept_prefill(_prefill_half(7)), 30)
+            return lost, kept
+        finally:
+            await svc.stop()
+
+    lost, kept = asyncio.run(go())
+    assert posts.rids("/v1/internal/handoff") == [6, 7]
+    assert lost.status == "cancelled" and "hand-off failed" in lost.detail
+    assert "the peer is gone" in lost.detail
+    assert kept.status == "done"

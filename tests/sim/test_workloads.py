@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import math
-import timeit
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -559,9 +558,15 @@ def test_workload_rejects_inconsistent_fields(
 
 
 @needs_traces
-def test_building_azure_workloads_from_cold_cache_is_fast() -> None:
+def test_each_azure_trace_is_parsed_once_for_every_workload_built_from_it() -> None:
+    # How fast a cold build is belongs to `fluidpd bench`, not to a timed assert here: what a
+    # test can hold is that a sweep's many builds reuse one parse of each trace file.
     workloads._parse_trace_cached.cache_clear()
-    start = timeit.default_timer()
-    build_workload("azure-staged", rps=40)
+    first = build_workload("azure-staged", rps=40)
     build_workload("azure-mixed", rps=10)
-    assert timeit.default_timer() - start < 1.0
+    parsed = workloads._parse_trace_cached.cache_info().misses
+    again = build_workload("azure-staged", rps=40)
+    build_workload("azure-mixed", rps=20)
+    info = workloads._parse_trace_cached.cache_info()
+    assert info.misses == parsed and info.hits >= 2
+    assert np.array_equal(first.arrivals, again.arrivals)

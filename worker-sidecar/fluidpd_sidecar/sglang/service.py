@@ -383,13 +383,25 @@ class SglangService:
         self._check(half, Role.PREFILL)
         state = _Half(Request(half.rid, half.arrival, half.prompt_len, half.max_new_tokens))
         self.halves[half.rid] = state
+        # The same life-cycle lines as the sim/gpu sidecar's, so one grep for "request <rid> "
+        # over a run directory traces a request whatever the engine.
+        log.info(
+            "request %d admitted for prefill (%d prompt tokens, decode on %s)",
+            half.rid, half.prompt_len, half.decode_worker,
+        )  # fmt: skip
         try:
             if self.fluidtoken:
-                return await self.planner.prefill(half)
-            return await self._prefill_sglang(half, half.prompt_ids)
+                outcome = await self.planner.prefill(half)
+            else:
+                outcome = await self._prefill_sglang(half, half.prompt_ids)
         finally:
             self.halves.pop(half.rid, None)
             self.fluidrole.repair.discard(half.rid)
+        if outcome.status == "done":
+            log.info("request %d prefill done: %d stolen", half.rid, outcome.stolen)
+        else:
+            log.info("request %d prefill half %s: %s", half.rid, outcome.status, outcome.detail)
+        return outcome
 
     async def _prefill_sglang(self, half: PrefillHalf, ids: list[int]) -> PrefillOutcome:
         """``ids`` (the prompt, or the prefix FluidToken left here) through SGLang's prefill
@@ -440,6 +452,10 @@ class SglangService:
         state = _Half(Request(half.rid, half.arrival, half.prompt_len, half.max_new_tokens))
         state.prefill_url = half.prefill_url
         self.halves[half.rid] = state
+        log.info(
+            "request %d admitted for decode (%d prompt tokens, up to %d new, prefill on %s)",
+            half.rid, half.prompt_len, half.max_new_tokens, half.prefill_worker,
+        )  # fmt: skip
         state.task = asyncio.create_task(self._decode(half, state), name=f"decode-{half.rid}")
         return self._events(half.rid, state)
 
@@ -454,6 +470,7 @@ class SglangService:
             async with self._client.post(f"{self.server.cfg.url}/generate", json=body) as r:
                 if r.status != 200:
                     detail = (await r.read()).decode(errors="replace")[:200]
+                    log.warning("request %d failed: SGLang: %s", half.rid, detail)
                     state.events.put_nowait(DecodeEvent(event="error", detail=f"SGLang: {detail}"))
                     return
                 async for line in _lines(r.content):
@@ -480,6 +497,10 @@ class SglangService:
             now = time.time()
             self._emit(state, stream, now, final=True)
             self.metrics.finished(req, now, stream.count)
+            log.info(
+                "request %d finished (%s, %d tokens)",
+                half.rid, stream.finish or "length", stream.count,
+            )  # fmt: skip
             state.events.put_nowait(
                 DecodeEvent(
                     event="done", n=stream.count, finish_reason=stream.finish or "length", t=now
@@ -489,9 +510,10 @@ class SglangService:
             raise
         except Exception as exc:
             if half.rid in self.fluidrole.repair and not seen:  # turned back by a drain
+                log.info("request %d ended here: reroute (worker draining)", half.rid)
                 state.events.put_nowait(DecodeEvent(event="reroute", detail="worker draining"))
                 return
-            log.warning("decode half %d failed: %s", half.rid, exc)
+            log.warning("request %d failed: %s", half.rid, exc)
             state.events.put_nowait(DecodeEvent(event="error", detail=str(exc)[:300]))
         finally:
             if seen < half.max_new_tokens and stream.finish is not None:
@@ -541,6 +563,7 @@ class SglangService:
         if state is None:
             return False
         if state.task is not None and not state.task.done():
+            log.info("request %d ended here: cancelled (%s)", body.rid, body.reason)
             state.task.cancel()
             state.events.put_nowait(DecodeEvent(event="cancelled", detail=body.reason))
             state.events.put_nowait(None)
