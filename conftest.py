@@ -34,14 +34,15 @@ SPLIT = frozenset(
     {"e2e/test_operator.py", "tests/serve/test_drills.py", "tests/images/test_dockerfiles.py"}
 )
 LONGEST = (
-    # Real SGLang servers on CPU (60-150 s each to start on two cores), one module a unit:
-    # FluidToken starts a plain server and one 1P1D stack per beta, one after another (CI,
-    # 2026-12-02: 383 s of setups, then split over both workers); test_sglang_cpu one stack
-    # and a plain server (~11 min under a loaded machine); FluidRole a 2P1D stack.
-    "tests/sglang/test_sglang_fluidtoken.py",
-    "tests/sglang/test_sglang_cpu.py",
-    "tests/sglang/test_sglang_fluidrole.py",
-    # Two real SGLang servers each (Ready in pods; two failing starts): ~8 min at load 20-50.
+    # Real SGLang servers on CPU (60-150 s each to start on two cores, several times that
+    # when they start together under load). The text, protocol, observable, FluidToken (every
+    # beta, set at run time), FluidRole and crash tests share one 2P1D `fluidpd up` stack and
+    # one plain server: four servers in one module, one unit (they were 13-17 in three
+    # modules, the FluidToken one a stack per beta; in CI, 2026-12-02, the three overlapped
+    # on both workers until the FluidRole stack missed its 600 s start).
+    "tests/sglang/test_sglang_stack.py",
+    # Two real SGLang servers each (Ready in pods; failing starts, the third fails at once):
+    # ~8 min at load 20-50.
     "e2e/test_sglang_backend.py",
     "tests/sglang/test_sglang_start_failures.py",
     "e2e/test_operator.py",

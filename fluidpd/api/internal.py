@@ -155,6 +155,16 @@ class Released(_Model):
     released: bool
 
 
+class FluidTokenSetting(_Model):
+    """An sglang worker's FluidToken override, changed at run time (``PUT /admin/fluidtoken``)
+    as at start (``--force-steal``)."""
+
+    #: Every prompt this worker starts prefilling from now on runs with stealing ratio beta
+    #: (the decode worker computes its last beta share), whatever FluidToken would decide;
+    #: null: FluidToken decides again (with FluidToken off, prompts run whole on prefill).
+    force_steal: float | None = Field(ge=0.0, le=1.0)
+
+
 class Adopt(_Model):
     """Decode drain ``migrate``: a peer takes over an active request."""
 

@@ -94,9 +94,10 @@ def add_parser(sub: Any) -> None:
         type=steal_ratio,
         default=None,
         metavar="BETA",
-        help="testing: run every prompt with stealing ratio BETA in [0, 1] (the decode worker "
-        "computes its last BETA share), whatever FluidToken decides (default: FluidToken "
-        "decides)",
+        help="run every prompt with stealing ratio BETA in [0, 1] (the decode worker computes "
+        "its last BETA share), whatever FluidToken decides (testing, pinning a split; default: "
+        "FluidToken decides); the sglang engine's is changed at run time with PUT "
+        "/admin/fluidtoken",
     )
     add_service_options(p, "warning")
     p.set_defaults(func=run)

@@ -195,6 +195,21 @@ class Stack:
     def dead(self) -> list[str]:
         return [name for name, proc in self.procs if proc.poll() is not None]
 
+    def not_up(self, pending: list[str]) -> str:
+        """Why the stack did not come up, in one line: each process that exited, with its
+        status and its log's last line (a sidecar whose engine could not start says why
+        there), else what never answered."""
+        why = []
+        for name, proc in self.procs:
+            if proc.poll() is None:
+                continue
+            lines = (self.run_dir / f"{name}.log").read_text(errors="replace").splitlines()
+            last = next((line.strip() for line in reversed(lines) if line.strip()), "")
+            why.append(f"{name} exited with status {proc.returncode}: {last}")
+        if not why:
+            why = [f"no answer from {', '.join(pending)}"]
+        return f"the stack did not come up ({'; '.join(why)}); see the logs in {self.run_dir}"
+
 
 def run(args: argparse.Namespace) -> int:
     n_prefill, n_decode = parse_pd(args.pd)
@@ -294,10 +309,14 @@ def run(args: argparse.Namespace) -> int:
         deadline = time.time() + wait_s
         # An sglang sidecar is healthy at once and ready when its SGLang server is.
         probe = "/readyz" if args.engine == "sglang" else "/healthz"
-        urls = [f"{w.split('=', 1)[1]}{probe}" for w in workers] + [f"{endpoint}/healthz"]
-        ready = all(wait_http(url, max(0.0, deadline - time.time())) for url in urls)
-        if not ready or stack.dead():
-            raise UserError(f"the stack did not come up; see the logs in {run_dir}")
+        pending = [f"{w.split('=', 1)[1]}{probe}" for w in workers] + [f"{endpoint}/healthz"]
+        while pending and not stack.dead() and time.time() < deadline:
+            # A second at a time, so that a process that exits (an SGLang that cannot start
+            # ends its sidecar with one line) ends the wait at once, not at the deadline.
+            if wait_http(pending[0], min(1.0, max(0.0, deadline - time.time()))):
+                pending.pop(0)
+        if pending or stack.dead():
+            raise UserError(stack.not_up(pending))
         if mech.fluidrole:
             # The workers' profile and the SLO: the predictive rule's capacity model.
             workers_profile = ModelRef(args.model, args.gpu, args.profile).argv()

@@ -3,6 +3,9 @@ CPU supervising a real SGLang 0.5.17 server that fails while loading.
 
 - a bad model directory: FluidPD's own checks pass (config, tokenizer, generation config) but
   the weights file is truncated, so SGLang's loader fails;
+- a flag SGLang does not know (``--sglang-arg``): SGLang's argument parser exits at once;
+- no SGLang at all under ``fluidpd up`` (its "SGLang python" is ``/bin/false``): ``up`` ends
+  at once with one line naming the worker and its cause, not after ``--sglang-start-timeout``;
 - out of memory: SGLang's own KV-pool sizing fails, as on a GPU given too small a
   ``--mem-fraction``: on CPU SGLang measures the machine's available memory before and after
   loading the weights, so the model must outweigh what other processes free meanwhile (the
@@ -12,7 +15,7 @@ CPU supervising a real SGLang 0.5.17 server that fails while loading.
 
 Each sidecar answers ``/readyz`` 503 ("SGLang starting") while SGLang loads, then exits
 non-zero with one line naming the cause (SGLang's exception, not its traceback) and the log to
-read, instead of hanging. Both start at once (each SGLang start takes about a minute on two
+read, instead of hanging. They start at once (each SGLang start takes about a minute on two
 cores). The operator's side (a NotReady pod) is in e2e/test_operator.py.
 """
 
@@ -80,9 +83,39 @@ def _start(python: str, model: Path, wid: str, logs: Path, *extra: str) -> Faile
     return Failed(proc, port, out)
 
 
+@dataclass
+class Up:
+    proc: subprocess.Popen[str]
+    run_dir: Path
+    t0: float
+
+
+@pytest.fixture(scope="module")
+def up_without_sglang(
+    tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Up]:
+    run_dir = tmp_path_factory.mktemp("up-no-sglang") / "run"
+    cmd = [
+        sys.executable, "-m", "fluidpd.cli.main", "up", "--engine", "sglang", "--pd", "1P1D",
+        "--policy", "static", "--device", "cpu", "--model-dir", str(tiny_llama_dir),
+        "--sglang-python", "/bin/false", "--sglang-start-timeout", str(START_S),
+        "--port", str(_free_port()), "--run-dir", str(run_dir),
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        yield Up(proc, run_dir, time.monotonic())
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+
+
 @pytest.fixture(scope="module")
 def failures(
-    sglang_python: str, tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory
+    sglang_python: str,
+    tiny_llama_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    up_without_sglang: Up,  # started first, so that it fails while these do
 ) -> Iterator[dict[str, Failed]]:
     logs = tmp_path_factory.mktemp("sglang-failures")
     bad = logs / "bad-model"
@@ -97,6 +130,9 @@ def failures(
     runs = {
         "bad-model": _start(sglang_python, bad, "badmodel", logs),
         "oom": _start(sglang_python, big, "oom", logs, *OOM_ARGS),
+        "bad-flag": _start(
+            sglang_python, tiny_llama_dir, "badflag", logs, "--sglang-arg=--no-such-sglang-flag"
+        ),
     }
     try:
         t0 = time.monotonic()
@@ -142,3 +178,26 @@ def test_bad_model_directory_is_one_line_and_not_ready(failures: dict[str, Faile
 def test_out_of_memory_is_one_line_and_not_ready(failures: dict[str, Failed]) -> None:
     last = _check(failures["oom"], "ValueError: Loaded weights leave no GPU memory for the KV")
     assert "--mem-fraction-static=1e-06" in last, last
+
+
+def test_sglang_that_cannot_start_is_one_line_and_nonzero(failures: dict[str, Failed]) -> None:
+    run = failures["bad-flag"]
+    # (It can exit before the first /readyz poll, so only its exit and its last line count.)
+    assert run.code is not None and run.code != 0, run.lines[-20:]
+    last = run.lines[-1]
+    assert "SGLang exited with status" in last and "no-such-sglang-flag" in last, last
+
+
+def test_a_stack_whose_sglang_cannot_start_says_why_at_once(
+    failures: dict[str, Failed], up_without_sglang: Up
+) -> None:
+    up = up_without_sglang
+    _, err = up.proc.communicate(timeout=START_S)
+    took = time.monotonic() - up.t0
+    assert up.proc.returncode != 0, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("fluidpd: error: the stack did not come up (w"), last
+    assert " exited with status " in last, last  # the worker, then its own last line
+    assert "SGLang exited with status 1" in last, last
+    assert last.endswith(f"see the logs in {up.run_dir}"), last
+    assert took < START_S / 2, took  # it did not wait out the start limit

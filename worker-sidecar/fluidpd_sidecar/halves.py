@@ -4,14 +4,17 @@ passes on arrival."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass, field
 
-from fluidpd.api.internal import DecodeEvent, DecodeHalf, PrefillOutcome, RequestHalf
+from fluidpd.api.internal import Abort, DecodeEvent, DecodeHalf, PrefillOutcome, RequestHalf
 from fluidpd.core.types import Request
 from fluidpd_sidecar.errors import BadRequest
 from fluidpd_sidecar.stopping import OutputStream
 from fluidpd_sidecar.transfer import KVDest
+
+log = logging.getLogger("fluidpd.sidecar")
 
 
 @dataclass(slots=True)
@@ -60,3 +63,15 @@ def check_half(half: RequestHalf, context_limit: int, vocab: int) -> None:
                       ("sampling.stop_token_ids", half.sampling.stop_token_ids)):  # fmt: skip
         if ids and (min(ids) < 0 or max(ids) >= vocab):
             raise BadRequest(f"{name}: token ids must be in [0, {vocab})")
+
+
+def spares_started(body: Abort, started: bool) -> bool:
+    """True if ``body`` leaves this decode half alone: an ``unless_started`` abort of a half
+    that has started (its KV is here). The router sends one after a prefill half that ended
+    badly (its peer call timed out, its process died), which races the hand-off: once the KV
+    is here the request can finish, so it does. Every engine's sidecar decides it here."""
+    if body.unless_started and started:
+        log.info("request %d: abort (%s) ignored, its decode half has started", body.rid,
+                 body.reason)  # fmt: skip
+        return True
+    return False

@@ -24,7 +24,7 @@ from fluidpd.api.sampling import SampledToken
 from fluidpd.core.types import Request, Role
 from fluidpd_sidecar.engine import kv_stamp
 from fluidpd_sidecar.errors import BadRequest, Conflict, NotFound
-from fluidpd_sidecar.halves import DecodeState, PrefillState, check_half
+from fluidpd_sidecar.halves import DecodeState, PrefillState, check_half, spares_started
 from fluidpd_sidecar.outbox import Outbox
 from fluidpd_sidecar.stopping import OutputStream
 from fluidpd_sidecar.transfer import KVDest
@@ -206,11 +206,7 @@ class Intake(Outbox):
             found = True  # it ended already; its events wait for a reader that is not coming
             del self._unclaimed[rid]
         dec = self.decode_halves.get(rid)
-        if dec is not None and body.unless_started and dec.started:
-            # The prefill side gave up (its peer call timed out, its process died) after the
-            # hand-off got here: the request can finish, so it does.
-            log.info("request %d: abort (%s) ignored, its hand-off is here", rid, body.reason)
-        elif dec is not None:
+        if dec is not None and not spares_started(body, dec.started):
             found = True
             self.worker.decode.cancel(rid)
             self._dispatch()

@@ -1,6 +1,8 @@
 """The HTTP surface of an ``sglang`` worker's sidecar: the routes of ``fluidpd_sidecar.app``
 that the router, controller, operator and dashboards use, served by ``SglangService``, plus
-``GET /v1/internal/sglang`` (the prefill server's bootstrap address, for decode peers)."""
+``GET /v1/internal/sglang`` (the prefill server's bootstrap address, for decode peers) and
+``GET``/``PUT /admin/fluidtoken`` (``--force-steal`` read and changed at run time: a running
+SGLang server takes minutes to restart)."""
 
 # No ``from __future__ import annotations``: FastAPI must see the ``Annotated`` body
 # dependencies, which are local to create_app, as objects.
@@ -13,6 +15,7 @@ from fastapi.responses import StreamingResponse
 from fluidpd.api.internal import (
     Abort,
     DecodeHalf,
+    FluidTokenSetting,
     PrefillHalf,
     PrefillOutcome,
     Released,
@@ -31,7 +34,9 @@ def create_app(service: SglangService) -> FastAPI:
     abort_body, abort_doc = body(Abort)
 
     suffix_body, suffix_doc = body(SuffixCommit)
+    fluidtoken_body, fluidtoken_doc = body(FluidTokenSetting)
     not_decode = detail(s409="not a decode worker")
+    no_suffix = detail(s409="a steal asked of an SGLang server that runs the overlap scheduler")
 
     @app.post("/v1/internal/release", dependencies=[Admin], openapi_extra=abort_doc,
               responses={**UNAUTHORIZED, **INVALID})  # fmt: skip
@@ -65,5 +70,20 @@ def create_app(service: SglangService) -> FastAPI:
               responses={**UNAUTHORIZED, **INVALID, **not_decode})  # fmt: skip
     async def suffix(req: Annotated[SuffixCommit, suffix_body]) -> dict[str, Any]:
         return {"budget": await service.suffix_committed(req)}
+
+    @app.get("/admin/fluidtoken", dependencies=[Admin], responses=UNAUTHORIZED)
+    async def get_fluidtoken() -> FluidTokenSetting:
+        """This worker's FluidToken override (``force_steal``; null: none)."""
+        return service.fluidtoken_setting()
+
+    @app.put("/admin/fluidtoken", dependencies=[Admin], openapi_extra=fluidtoken_doc,
+             responses={**UNAUTHORIZED, **INVALID, **no_suffix})  # fmt: skip
+    async def put_fluidtoken(
+        req: Annotated[FluidTokenSetting, fluidtoken_body],
+    ) -> FluidTokenSetting:
+        """Pins the stealing ratio beta in [0, 1] of the prompts this worker starts prefilling
+        from now on (``--force-steal`` at run time, without restarting SGLang), or frees it
+        (null); answers the setting now in force."""
+        return service.set_fluidtoken(req)
 
     return app

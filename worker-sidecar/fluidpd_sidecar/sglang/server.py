@@ -75,6 +75,12 @@ class SglangConfig:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
+    @property
+    def overlap_schedule(self) -> bool:
+        """SGLang runs its overlap scheduler, where FluidToken's suffix extend is not wired in
+        (it is on the CPU recipe's and FluidToken's launches: ``--disable-overlap-schedule``)."""
+        return not self.cpu and "--disable-overlap-schedule" not in self.extra_args
+
 
 def server_command(cfg: SglangConfig) -> list[str]:
     """SGLang's own server flags, run through our launcher."""

@@ -41,6 +41,7 @@ from fluidpd.api.internal import (
     Abort,
     DecodeEvent,
     DecodeHalf,
+    FluidTokenSetting,
     PrefillHalf,
     PrefillOutcome,
     PressureReport,
@@ -54,7 +55,7 @@ from fluidpd.core.types import Request, Role
 from fluidpd.modeldir.text import TokenText
 from fluidpd_sidecar.config import SidecarConfig
 from fluidpd_sidecar.errors import BadRequest, Conflict
-from fluidpd_sidecar.halves import check_half
+from fluidpd_sidecar.halves import check_half, spares_started
 from fluidpd_sidecar.metrics import SidecarMetrics
 from fluidpd_sidecar.peers import Peers
 from fluidpd_sidecar.sglang.fluidrole import RoleDriver, SwitchGauges
@@ -131,6 +132,11 @@ class _Half:
     task: asyncio.Task[None] | None = None
     #: The prefill peer of a decode half (a draining decode worker asks it to release).
     prefill_url: str = ""
+    #: A decode half whose first token came out of SGLang: its KV arrived and it decodes, so
+    #: it can finish without its prefill half (an ``unless_started`` abort spares it). The
+    #: KV's arrival itself is not seen from here (SGLang's own transfer); until that first
+    #: token the half counts as not started, and such an abort cancels it as before.
+    started: bool = False
 
 
 class SglangService:
@@ -255,7 +261,25 @@ class SglangService:
     @property
     def fluidtoken(self) -> bool:
         """Halves go through FluidToken's planner (else straight to SGLang, beta = 0)."""
-        return self.cfg.token_cfg.enabled or self.cfg.force_steal is not None
+        return self.cfg.token_cfg.enabled or self.planner.side.forced_steal is not None
+
+    def fluidtoken_setting(self) -> FluidTokenSetting:
+        return FluidTokenSetting(force_steal=self.planner.side.forced_steal)
+
+    def set_fluidtoken(self, body: FluidTokenSetting) -> FluidTokenSetting:
+        """``--force-steal`` at run time: an operator pins (or frees) the P/D split of the
+        prompts this worker starts from now on without restarting its SGLang server (minutes);
+        the ones already in SGLang keep theirs. On a decode worker it is kept for when it
+        switches to prefill."""
+        if body.force_steal is not None and self.server.cfg.overlap_schedule:
+            raise Conflict(
+                f"worker {self.cfg.worker_id}: its SGLang server runs the overlap scheduler "
+                "(started without FluidToken), which cannot run a stolen suffix"
+            )
+        before = self.planner.side.forced_steal
+        self.planner.side.forced_steal = body.force_steal
+        log.info("FluidToken force_steal %s -> %s", before, body.force_steal)
+        return self.fluidtoken_setting()
 
     def pressure(self, n_prefill: int | None = None) -> PressureReport:
         if n_prefill:
@@ -459,6 +483,7 @@ class SglangService:
                     if not tokens:
                         continue
                     seen += len(tokens)
+                    state.started = True
                     now = time.time()
                     if req.first_token_t != req.first_token_t:  # NaN: this is token 0
                         req.first_token_t = now
@@ -532,6 +557,8 @@ class SglangService:
 
     async def abort(self, body: Abort) -> bool:
         state = self.halves.get(body.rid)
+        if state is not None and state.task is not None and spares_started(body, state.started):
+            return False  # a decode half that decodes already: not even SGLang is told
         await self._abort_sglang(body.rid)
         if state is None:
             return False
