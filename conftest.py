@@ -40,7 +40,7 @@ LONGEST = (
     # one plain server: four servers in one module, one unit (they were 13-17 in three
     # modules, the FluidToken one a stack per beta; in CI, 2026-12-02, the three overlapped
     # on both workers until the FluidRole stack missed its 600 s start).
-    "tests/sglang/test_sglang_stack.py",
+    "tests/sglang/test_sglang_shared_stack.py",
     # Two real SGLang servers each (Ready in pods; failing starts, the third fails at once):
     # ~8 min at load 20-50.
     "e2e/test_sglang_backend.py",

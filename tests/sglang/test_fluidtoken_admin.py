@@ -1,7 +1,7 @@
 """``PUT /admin/fluidtoken`` of the sglang sidecar, in process (no SGLang: the route only moves
 the planner's override): the token gate, the bounds, the one-line 4xx, the refusal on an
 overlap-scheduled SGLang, its OpenAPI, and that the planner's split follows the new value.
-The forced splits on real SGLang servers are in test_sglang_stack.py."""
+The forced splits on real SGLang servers are in test_sglang_shared_stack.py."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 the decode side's budget and pending suffix bookkeeping, and the hook's split registry.
 
 The decode peer and the prefill hook are a small real HTTP server here (what they answer is
-all the planner sees of them); the real ones run in test_sglang_stack.py."""
+all the planner sees of them); the real ones run in test_sglang_shared_stack.py."""
 
 from __future__ import annotations
 
