@@ -55,7 +55,6 @@ from fluidpd.cli.policy_options import (
     slo_config,
 )
 from fluidpd.cli.sidecar_cmd import add_sglang_options, sglang_sidecar_args
-from fluidpd.procs import wait_http
 from fluidpd.profiles import resolve_profile
 from fluidpd.sim.policies import MECHANISMS, parse_pd
 
@@ -313,7 +312,7 @@ def run(args: argparse.Namespace) -> int:
         while pending and not stack.dead() and time.time() < deadline:
             # A second at a time, so that a process that exits (an SGLang that cannot start
             # ends its sidecar with one line) ends the wait at once, not at the deadline.
-            if wait_http(pending[0], min(1.0, max(0.0, deadline - time.time()))):
+            if procs.wait_http(pending[0], min(1.0, max(0.0, deadline - time.time()))):
                 pending.pop(0)
         if pending or stack.dead():
             raise UserError(stack.not_up(pending))

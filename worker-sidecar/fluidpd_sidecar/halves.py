@@ -8,7 +8,14 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from fluidpd.api.internal import Abort, DecodeEvent, DecodeHalf, PrefillOutcome, RequestHalf
+from fluidpd.api.internal import (
+    Abort,
+    DecodeEvent,
+    DecodeHalf,
+    PrefillHalf,
+    PrefillOutcome,
+    RequestHalf,
+)
 from fluidpd.core.types import Request
 from fluidpd_sidecar.errors import BadRequest
 from fluidpd_sidecar.stopping import OutputStream
@@ -75,3 +82,33 @@ def spares_started(body: Abort, started: bool) -> bool:
                  body.reason)  # fmt: skip
         return True
     return False
+
+
+# -- a request's life cycle in the sidecar's log --------------------------------------------------
+# Every engine's sidecar logs these same lines, so one grep for "request <rid> " over a run
+# directory traces a request whatever the engine (the router's "admitted" line names the id the
+# client got).
+
+
+def log_admitted(half: PrefillHalf | DecodeHalf) -> None:
+    if isinstance(half, PrefillHalf):
+        log.info(
+            "request %d admitted for prefill (%d prompt tokens, decode on %s)",
+            half.rid, half.prompt_len, half.decode_worker,
+        )  # fmt: skip
+    else:
+        log.info(
+            "request %d admitted for decode (%d prompt tokens, up to %d new, prefill on %s)",
+            half.rid, half.prompt_len, half.max_new_tokens, half.prefill_worker,
+        )  # fmt: skip
+
+
+def log_decode_end(rid: int, event: DecodeEvent) -> None:
+    """How a decode half ended here: finished, failed (with why) or another end (a reroute, a
+    cancel, a migration)."""
+    if event.event == "done":
+        log.info("request %d finished (%s, %d tokens)", rid, event.finish_reason, event.n)
+    elif event.event == "error":
+        log.warning("request %d failed: %s", rid, event.detail)
+    else:
+        log.info("request %d ended here: %s (%s)", rid, event.event, event.detail)

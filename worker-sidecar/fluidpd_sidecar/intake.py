@@ -24,7 +24,13 @@ from fluidpd.api.sampling import SampledToken
 from fluidpd.core.types import Request, Role
 from fluidpd_sidecar.engine import kv_stamp
 from fluidpd_sidecar.errors import BadRequest, Conflict, NotFound
-from fluidpd_sidecar.halves import DecodeState, PrefillState, check_half, spares_started
+from fluidpd_sidecar.halves import (
+    DecodeState,
+    PrefillState,
+    check_half,
+    log_admitted,
+    spares_started,
+)
 from fluidpd_sidecar.outbox import Outbox
 from fluidpd_sidecar.stopping import OutputStream
 from fluidpd_sidecar.transfer import KVDest
@@ -57,10 +63,7 @@ class Intake(Outbox):
         self.prefill_halves[half.rid] = PrefillState(req, half.decode_url, future)
         self._decode_urls[half.decode_worker] = half.decode_url
         self.worker.prefill.add(req)
-        log.info(
-            "request %d admitted for prefill (%d prompt tokens, decode on %s)",
-            half.rid, half.prompt_len, half.decode_worker,
-        )  # fmt: skip
+        log_admitted(half)
         early = self._early_reserved.pop(half.rid, None)
         if early is not None:
             self.reserved(early)
@@ -103,10 +106,7 @@ class Intake(Outbox):
         state = self._decode_state(half)
         self.decode_halves[half.rid] = state
         self.worker.decode.add(state.req)
-        log.info(
-            "request %d admitted for decode (%d prompt tokens, up to %d new, prefill on %s)",
-            half.rid, half.prompt_len, half.max_new_tokens, half.prefill_worker,
-        )  # fmt: skip
+        log_admitted(half)
         self._dispatch()
         self.wake()
         return state

@@ -9,7 +9,7 @@ import logging
 import time
 
 from fluidpd.api.internal import DecodeEvent, PrefillOutcome
-from fluidpd_sidecar.halves import DecodeState
+from fluidpd_sidecar.halves import DecodeState, log_decode_end
 from fluidpd_sidecar.state import ServiceState
 
 log = logging.getLogger("fluidpd.sidecar")
@@ -64,12 +64,7 @@ class Streams(ServiceState):
         half = self.decode_halves.pop(rid, None)
         if half is None:
             return
-        if event.event == "done":
-            log.info("request %d finished (%s, %d tokens)", rid, event.finish_reason, event.n)
-        elif event.event == "error":
-            log.warning("request %d failed: %s", rid, event.detail)
-        else:
-            log.info("request %d ended here: %s (%s)", rid, event.event, event.detail)
+        log_decode_end(rid, event)
         self._push(half, event)
         half.closed = True
         half.events.put_nowait(None)

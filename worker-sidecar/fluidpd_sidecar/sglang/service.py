@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import signal
 import time
@@ -55,7 +56,7 @@ from fluidpd.core.types import Request, Role
 from fluidpd.modeldir.text import TokenText
 from fluidpd_sidecar.config import SidecarConfig
 from fluidpd_sidecar.errors import BadRequest, Conflict
-from fluidpd_sidecar.halves import check_half, spares_started
+from fluidpd_sidecar.halves import check_half, log_admitted, log_decode_end, spares_started
 from fluidpd_sidecar.metrics import SidecarMetrics
 from fluidpd_sidecar.peers import Peers
 from fluidpd_sidecar.sglang.fluidrole import RoleDriver, SwitchGauges
@@ -132,11 +133,20 @@ class _Half:
     task: asyncio.Task[None] | None = None
     #: The prefill peer of a decode half (a draining decode worker asks it to release).
     prefill_url: str = ""
-    #: A decode half whose first token came out of SGLang: its KV arrived and it decodes, so
-    #: it can finish without its prefill half (an ``unless_started`` abort spares it). The
-    #: KV's arrival itself is not seen from here (SGLang's own transfer); until that first
-    #: token the half counts as not started, and such an abort cancels it as before.
-    started: bool = False
+
+    @property
+    def started(self) -> bool:
+        """A decode half whose first token came out of SGLang: its KV arrived and it decodes,
+        so it can finish without its prefill half (an ``unless_started`` abort spares it). The
+        KV's arrival itself is not seen from here (SGLang's own transfer); until that first
+        token the half counts as not started, and such an abort cancels it as before."""
+        return not math.isnan(self.req.first_token_t)
+
+
+def _end(state: _Half, rid: int, event: DecodeEvent) -> None:
+    """The last event of a decode half, logged as every sidecar logs a half's end."""
+    log_decode_end(rid, event)
+    state.events.put_nowait(event)
 
 
 class SglangService:
@@ -383,12 +393,7 @@ class SglangService:
         self._check(half, Role.PREFILL)
         state = _Half(Request(half.rid, half.arrival, half.prompt_len, half.max_new_tokens))
         self.halves[half.rid] = state
-        # The same life-cycle lines as the sim/gpu sidecar's, so one grep for "request <rid> "
-        # over a run directory traces a request whatever the engine.
-        log.info(
-            "request %d admitted for prefill (%d prompt tokens, decode on %s)",
-            half.rid, half.prompt_len, half.decode_worker,
-        )  # fmt: skip
+        log_admitted(half)
         try:
             if self.fluidtoken:
                 outcome = await self.planner.prefill(half)
@@ -452,10 +457,7 @@ class SglangService:
         state = _Half(Request(half.rid, half.arrival, half.prompt_len, half.max_new_tokens))
         state.prefill_url = half.prefill_url
         self.halves[half.rid] = state
-        log.info(
-            "request %d admitted for decode (%d prompt tokens, up to %d new, prefill on %s)",
-            half.rid, half.prompt_len, half.max_new_tokens, half.prefill_worker,
-        )  # fmt: skip
+        log_admitted(half)
         state.task = asyncio.create_task(self._decode(half, state), name=f"decode-{half.rid}")
         return self._events(half.rid, state)
 
@@ -470,8 +472,7 @@ class SglangService:
             async with self._client.post(f"{self.server.cfg.url}/generate", json=body) as r:
                 if r.status != 200:
                     detail = (await r.read()).decode(errors="replace")[:200]
-                    log.warning("request %d failed: SGLang: %s", half.rid, detail)
-                    state.events.put_nowait(DecodeEvent(event="error", detail=f"SGLang: {detail}"))
+                    _end(state, half.rid, DecodeEvent(event="error", detail=f"SGLang: {detail}"))
                     return
                 async for line in _lines(r.content):
                     if not line.startswith("data:"):
@@ -483,7 +484,6 @@ class SglangService:
                     if not tokens:
                         continue
                     seen += len(tokens)
-                    state.started = True
                     now = time.time()
                     if req.first_token_t != req.first_token_t:  # NaN: this is token 0
                         req.first_token_t = now
@@ -497,24 +497,20 @@ class SglangService:
             now = time.time()
             self._emit(state, stream, now, final=True)
             self.metrics.finished(req, now, stream.count)
-            log.info(
-                "request %d finished (%s, %d tokens)",
-                half.rid, stream.finish or "length", stream.count,
-            )  # fmt: skip
-            state.events.put_nowait(
+            _end(
+                state,
+                half.rid,
                 DecodeEvent(
                     event="done", n=stream.count, finish_reason=stream.finish or "length", t=now
-                )
+                ),
             )
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             if half.rid in self.fluidrole.repair and not seen:  # turned back by a drain
-                log.info("request %d ended here: reroute (worker draining)", half.rid)
-                state.events.put_nowait(DecodeEvent(event="reroute", detail="worker draining"))
+                _end(state, half.rid, DecodeEvent(event="reroute", detail="worker draining"))
                 return
-            log.warning("request %d failed: %s", half.rid, exc)
-            state.events.put_nowait(DecodeEvent(event="error", detail=str(exc)[:300]))
+            _end(state, half.rid, DecodeEvent(event="error", detail=str(exc)[:300]))
         finally:
             if seen < half.max_new_tokens and stream.finish is not None:
                 # Stopped by FluidPD (a stop string) before SGLang would have: free it there.
@@ -563,8 +559,7 @@ class SglangService:
         if state is None:
             return False
         if state.task is not None and not state.task.done():
-            log.info("request %d ended here: cancelled (%s)", body.rid, body.reason)
             state.task.cancel()
-            state.events.put_nowait(DecodeEvent(event="cancelled", detail=body.reason))
+            _end(state, body.rid, DecodeEvent(event="cancelled", detail=body.reason))
             state.events.put_nowait(None)
         return True
