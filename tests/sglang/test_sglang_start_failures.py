@@ -9,14 +9,17 @@ CPU supervising a real SGLang 0.5.17 server that fails while loading.
 - out of memory: SGLang's own KV-pool sizing fails, as on a GPU given too small a
   ``--mem-fraction``: on CPU SGLang measures the machine's available memory before and after
   loading the weights, so the model must outweigh what other processes free meanwhile (the
-  tiny model's few MB did not, on a busy CI machine: SGLang started). The model is the tiny
-  one's tokenizer with a 1B-parameter config (about 2 GiB in float16), weights from SGLang's
-  ``--load-format dummy``, under ``--mem-fraction 1e-6``.
+  tiny model's few MB did not, nor did 2 GiB in CI, 2026-12-03, while the other xdist worker
+  ran SGLang servers and this module's bad-model SGLang exited: SGLang started). The model is
+  the tiny one's tokenizer with a 2.1B-parameter config (about 4 GiB in 16 bits), weights from
+  SGLang's ``--load-format dummy``, under ``--mem-fraction 1e-6``; it runs before the bad-model
+  SGLang starts, so no SGLang of this module exits while it measures.
 
 Each sidecar answers ``/readyz`` 503 ("SGLang starting") while SGLang loads, then exits
 non-zero with one line naming the cause (SGLang's exception, not its traceback) and the log to
-read, instead of hanging. They start at once (each SGLang start takes about a minute on two
-cores). The operator's side (a NotReady pod) is in e2e/test_operator.py.
+read, instead of hanging. The OOM and bad-flag ones start at once, the bad-model one when they
+are over (each SGLang start takes about a minute on two cores). The operator's side (a NotReady
+pod) is in e2e/test_operator.py.
 """
 
 from __future__ import annotations
@@ -37,9 +40,9 @@ import httpx
 import pytest
 
 START_S = 600.0
-#: A Llama of about 1.07B parameters: 16 layers of 16.8M attention and 50.3M MLP weights.
+#: A Llama of about 2.15B parameters: 32 layers of 16.8M attention and 50.3M MLP weights.
 BIG_SHAPE = {
-    "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+    "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 32,
     "num_attention_heads": 16, "num_key_value_heads": 16, "head_dim": 128,
 }  # fmt: skip
 OOM_ARGS = ("--mem-fraction", "0.000001", "--sglang-load-format", "dummy")
@@ -81,6 +84,20 @@ def _start(python: str, model: Path, wid: str, logs: Path, *extra: str) -> Faile
     env = {**os.environ, "FLUIDPD_LOG_DIR": str(logs)}
     proc = subprocess.Popen(cmd, env=env, stdout=out.open("wb"), stderr=subprocess.STDOUT)
     return Failed(proc, port, out)
+
+
+def _watch(runs: dict[str, Failed]) -> None:
+    """Polls each run's exit and ``/readyz`` until every run is over (or the start limit)."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < START_S + 60 and not all(r.over for r in runs.values()):
+        for r in runs.values():
+            if r.over:
+                continue
+            r.code = r.proc.poll()
+            with contextlib.suppress(httpx.HTTPError):
+                got = httpx.get(f"http://127.0.0.1:{r.port}/readyz", timeout=5)
+                r.readyz.append((got.status_code, got.text))
+        time.sleep(0.5)
 
 
 @dataclass
@@ -128,23 +145,16 @@ def failures(
     config.update(BIG_SHAPE)
     (big / "config.json").write_text(json.dumps(config))
     runs = {
-        "bad-model": _start(sglang_python, bad, "badmodel", logs),
         "oom": _start(sglang_python, big, "oom", logs, *OOM_ARGS),
+        # Ends in SGLang's argument parser, before the OOM run measures any memory.
         "bad-flag": _start(
             sglang_python, tiny_llama_dir, "badflag", logs, "--sglang-arg=--no-such-sglang-flag"
         ),
     }
     try:
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < START_S + 60 and not all(r.over for r in runs.values()):
-            for r in runs.values():
-                if r.over:
-                    continue
-                r.code = r.proc.poll()
-                with contextlib.suppress(httpx.HTTPError):
-                    got = httpx.get(f"http://127.0.0.1:{r.port}/readyz", timeout=5)
-                    r.readyz.append((got.status_code, got.text))
-            time.sleep(0.5)
+        _watch(runs)
+        runs["bad-model"] = _start(sglang_python, bad, "badmodel", logs)
+        _watch(runs)
         yield runs
     finally:
         for r in runs.values():
