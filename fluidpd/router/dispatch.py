@@ -10,7 +10,7 @@ import random
 import time
 from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import aiohttp
 import orjson
@@ -209,116 +209,171 @@ class Dispatcher:
     async def _attempt(
         self, job: Job, p: WorkerInfo, d: WorkerInfo, deadline: float
     ) -> AsyncIterator[dict[str, Any]]:
-        resp = await self._open_decode(d, job, p)
-        prefill = asyncio.ensure_future(self._prefill(p, d, job))
-        source = d
-        failed_prefill: list[str] = []
-        #: The decode stream was closed here (its half could not be told to stop).
-        dropped: list[str] = []
-
-        def prefill_ended(task: asyncio.Future[str]) -> None:
-            # A prefill half that ends badly before the first token: stop the decode half, whose
-            # stream then ends with "cancelled" and the request is re-paired. Unless its hand-off
-            # got there first (a prefill worker killed, or its call timed out, after sending
-            # the KV): then the decode half goes on, and its first token may be on its way.
-            if task.cancelled() or job.tokens:
-                return
-            status = task.result()
-            log.info("request %d prefill half: %s", job.rid, status)
-            if status != "done":
-                failed_prefill.append(status)
-                self._background(stop_decode(f"prefill half {status}"))
-
-        async def stop_decode(reason: str) -> None:
-            # An abort that never arrives (the decode worker too slow to answer, or gone)
-            # would leave the decode half waiting for a hand-off that is not coming, and the
-            # request with it until the first-token timeout: then drop the stream and re-pair
-            # (the client has no token yet; closing the stream also ends the half there).
-            timeout = self.abort_timeout_s
-            if await self._abort_call(source, job.rid, reason, True, tries=2, timeout_s=timeout):
-                return
-            if not job.tokens:
-                log.info("request %d: abort not delivered to %s; re-pairing", job.rid,
-                         source.worker)  # fmt: skip
-                dropped.append(reason)
-                resp.close()
-
-        prefill.add_done_callback(prefill_ended)
+        attempt = _Attempt(self, job, p, d, deadline, await self._open_decode(d, job, p))
         try:
-            while True:
-                try:
-                    if job.tokens:
-                        line = await resp.content.readline()
-                    else:
-                        line = await asyncio.wait_for(
-                            resp.content.readline(), max(0.0, deadline - time.time())
-                        )
-                except aiohttp.ClientError:
-                    line = b""  # the decode sidecar went away mid-stream
-                except TimeoutError:
-                    self._abort(p, job.rid, "first-token timeout")
-                    self._abort(source, job.rid, "first-token timeout")
-                    raise RequestFailed(
-                        504, f"no first token within {self.first_token_timeout_s:g} s"
-                    ) from None
-                if not line and dropped and not job.tokens:
-                    raise _Retry(f"decode {source.worker} not told to stop ({dropped[0]})")
+            while not attempt.finished:
+                line = await attempt.next_line()
                 if not line:
-                    if job.tokens:
-                        raise RequestFailed(
-                            502, f"decode worker {source.worker} was lost mid-stream"
-                        )
-                    self.workers.suspect(source.worker)
-                    self._abort(p, job.rid, "decode half lost")
-                    raise _Retry(f"decode {source.worker} stream ended before the first token")
-                event = orjson.loads(line)
-                kind = event["event"]
-                if kind == "token":
-                    ids = event["ids"]
-                    if ids:
-                        job.tokens += len(ids)
-                        if not job.first_token_t:
-                            job.first_token_t = time.time()
-                    yield event
-                elif kind == "done":
-                    job.finish_reason = event.get("finish_reason") or "length"
-                    # Read the stream's end so the connection goes back to the pool.
-                    await resp.content.read()
-                    return
-                elif kind == "migrated":
-                    log.info("request %d migrated to %s after %d tokens", job.rid,
-                             event["url"], job.tokens)  # fmt: skip
-                    resp.release()
-                    source = self.workers.workers.get(
-                        _worker_of(self.workers, event["url"]), source
-                    )
-                    resp = await self.session.get(
-                        f"{event['url']}/v1/internal/decode/{job.rid}/events", headers=self.headers
-                    )
-                    if resp.status != 200:
-                        raise RequestFailed(502, f"migrated request lost (HTTP {resp.status})")
-                elif not job.tokens and kind in ("reroute", "cancelled", "error"):
-                    if kind != "cancelled" or not failed_prefill:
-                        self._abort(p, job.rid, f"decode half {kind}")
-                    why = failed_prefill[0] if failed_prefill else event.get("detail", "")
-                    raise _Retry(f"{kind} ({why})")
-                else:
-                    detail = event.get("detail", "")
-                    raise RequestFailed(
-                        502, f"decode worker {source.worker}: {kind} {detail}".strip()
-                    )
+                    attempt.stream_ended()
+                relay = await attempt.on_event(orjson.loads(line))
+                if relay is not None:
+                    yield relay
         except (asyncio.CancelledError, GeneratorExit):
             # The client went away (a streaming response is cancelled, a non-streaming one by
             # the disconnect watcher): both halves stop now, not when their work is done.
             log.info("request %d cancelled: the client went away", job.rid)
-            self._abort(p, job.rid, "client went away")
-            self._abort(source, job.rid, "client went away")
+            attempt.abort_both("client went away")
             raise
         finally:
-            resp.release()
-            if not prefill.done():
-                prefill.remove_done_callback(prefill_ended)
-                prefill.cancel()
+            attempt.close()
+
+
+class _Attempt:
+    """One pairing attempt while its decode stream is read: the prefill call runs alongside,
+    and the stream may move to another decode worker (a migration)."""
+
+    def __init__(
+        self, dispatcher: Dispatcher, job: Job, p: WorkerInfo, d: WorkerInfo, deadline: float,
+        resp: aiohttp.ClientResponse,
+    ) -> None:  # fmt: skip
+        self.dispatcher = dispatcher
+        self.job = job
+        #: The prefill worker.
+        self.p = p
+        #: The decode worker the stream comes from: ``d`` until the request migrates.
+        self.source = d
+        #: The first-token deadline.
+        self.deadline = deadline
+        self.resp = resp
+        #: The status of a prefill half that ended badly before the first token.
+        self.failed_prefill: list[str] = []
+        #: The decode stream was closed here (its half could not be told to stop).
+        self.dropped: list[str] = []
+        #: The decode stream said ``done``: the request is complete.
+        self.finished = False
+        self.prefill = asyncio.ensure_future(dispatcher._prefill(p, d, job))
+        self.prefill.add_done_callback(self.prefill_ended)
+
+    def abort_both(self, reason: str) -> None:
+        """Tells both halves, the prefill one first, to stop (not waiting for their answer)."""
+        self.dispatcher._abort(self.p, self.job.rid, reason)
+        self.dispatcher._abort(self.source, self.job.rid, reason)
+
+    def prefill_ended(self, task: asyncio.Future[str]) -> None:
+        # A prefill half that ends badly before the first token: stop the decode half, whose
+        # stream then ends with "cancelled" and the request is re-paired. Unless its hand-off
+        # got there first (a prefill worker killed, or its call timed out, after sending
+        # the KV): then the decode half goes on, and its first token may be on its way.
+        if task.cancelled() or self.job.tokens:
+            return
+        status = task.result()
+        log.info("request %d prefill half: %s", self.job.rid, status)
+        if status != "done":
+            self.failed_prefill.append(status)
+            self.dispatcher._background(self.stop_decode(f"prefill half {status}"))
+
+    async def stop_decode(self, reason: str) -> None:
+        # An abort that never arrives (the decode worker too slow to answer, or gone)
+        # would leave the decode half waiting for a hand-off that is not coming, and the
+        # request with it until the first-token timeout: then drop the stream and re-pair
+        # (the client has no token yet; closing the stream also ends the half there).
+        dispatcher, job = self.dispatcher, self.job
+        timeout = dispatcher.abort_timeout_s
+        if await dispatcher._abort_call(
+            self.source, job.rid, reason, True, tries=2, timeout_s=timeout
+        ):
+            return
+        if not job.tokens:
+            log.info("request %d: abort not delivered to %s; re-pairing", job.rid,
+                     self.source.worker)  # fmt: skip
+            self.dropped.append(reason)
+            self.resp.close()
+
+    async def next_line(self) -> bytes:
+        """The decode stream's next line, within the first-token deadline until a token came;
+        empty once the stream ended."""
+        try:
+            if self.job.tokens:
+                return await self.resp.content.readline()
+            return await asyncio.wait_for(
+                self.resp.content.readline(), max(0.0, self.deadline - time.time())
+            )
+        except aiohttp.ClientError:
+            return b""  # the decode sidecar went away mid-stream
+        except TimeoutError:
+            self.abort_both("first-token timeout")
+            raise RequestFailed(
+                504, f"no first token within {self.dispatcher.first_token_timeout_s:g} s"
+            ) from None
+
+    def stream_ended(self) -> NoReturn:
+        """The decode stream ended without ``done``."""
+        job, worker = self.job, self.source.worker
+        if job.tokens:
+            raise RequestFailed(502, f"decode worker {worker} was lost mid-stream")
+        if self.dropped:
+            raise _Retry(f"decode {worker} not told to stop ({self.dropped[0]})")
+        self.dispatcher.workers.suspect(worker)
+        self.dispatcher._abort(self.p, job.rid, "decode half lost")
+        raise _Retry(f"decode {worker} stream ended before the first token")
+
+    async def on_event(self, event: dict[str, Any]) -> dict[str, Any] | None:
+        """Acts on one decode event; returns it when it goes on to the client."""
+        kind = event["event"]
+        if kind == "token":
+            self.count_tokens(event["ids"])
+            return event
+        if kind == "done":
+            self.job.finish_reason = event.get("finish_reason") or "length"
+            # Read the stream's end so the connection goes back to the pool.
+            await self.resp.content.read()
+            self.finished = True
+        elif kind == "migrated":
+            await self.follow_migration(event["url"])
+        elif not self.job.tokens and kind in ("reroute", "cancelled", "error"):
+            self.turned_back(kind, event)
+        else:
+            detail = event.get("detail", "")
+            raise RequestFailed(502, f"decode worker {self.source.worker}: {kind} {detail}".strip())
+        return None
+
+    def count_tokens(self, ids: list[int]) -> None:
+        if ids:
+            self.job.tokens += len(ids)
+            if not self.job.first_token_t:
+                self.job.first_token_t = time.time()
+
+    async def follow_migration(self, url: str) -> None:
+        """Re-opens the stream on the decode worker at ``url``, which has the request now."""
+        job, dispatcher = self.job, self.dispatcher
+        log.info("request %d migrated to %s after %d tokens", job.rid, url, job.tokens)
+        self.resp.release()
+        self.source = dispatcher.workers.workers.get(
+            _worker_of(dispatcher.workers, url), self.source
+        )
+        self.resp = await dispatcher.session.get(
+            f"{url}/v1/internal/decode/{job.rid}/events", headers=dispatcher.headers
+        )
+        if self.resp.status != 200:
+            raise RequestFailed(502, f"migrated request lost (HTTP {self.resp.status})")
+
+    def turned_back(self, kind: str, event: dict[str, Any]) -> NoReturn:
+        """The decode half ended (``kind``: reroute, cancelled, error) before the first token:
+        the request is paired again."""
+        # A decode half cancelled because its prefill half failed (stopped by ``stop_decode``)
+        # has no prefill half left to stop; after any other ending it may still be running.
+        if kind != "cancelled" or not self.failed_prefill:
+            self.dispatcher._abort(self.p, self.job.rid, f"decode half {kind}")
+        why = self.failed_prefill[0] if self.failed_prefill else event.get("detail", "")
+        raise _Retry(f"{kind} ({why})")
+
+    def close(self) -> None:
+        """The attempt is over, however it ended: the stream goes back, the prefill call (if
+        still under way) is given up without its outcome being acted on."""
+        self.resp.release()
+        if not self.prefill.done():
+            self.prefill.remove_done_callback(self.prefill_ended)
+            self.prefill.cancel()
 
 
 def _worker_of(workers: WorkerSet, url: str) -> str:
