@@ -1,0 +1,1 @@
+/opt/torch/.venv/bin/python3 -m fluidpd.cli.main router --host 127.0.0.1 --port 8000 --profile results/gpu/live-8b-shared/llama-3.1-8b-h200-shared4.yaml --pairing round-robin --first-token-timeout 60.0 --log-level info --worker w0=http://127.0.0.1:8101 --worker w1=http://127.0.0.1:8102 --worker w2=http://127.0.0.1:8103 --worker w3=http://127.0.0.1:8104
