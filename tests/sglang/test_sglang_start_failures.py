@@ -6,20 +6,17 @@ CPU supervising a real SGLang 0.5.17 server that fails while loading.
 - a flag SGLang does not know (``--sglang-arg``): SGLang's argument parser exits at once;
 - no SGLang at all under ``fluidpd up`` (its "SGLang python" is ``/bin/false``): ``up`` ends
   at once with one line naming the worker and its cause, not after ``--sglang-start-timeout``;
-- out of memory: SGLang's own KV-pool sizing fails, as on a GPU given too small a
-  ``--mem-fraction``: on CPU SGLang measures the machine's available memory before and after
-  loading the weights, so the model must outweigh what other processes free meanwhile (the
-  tiny model's few MB did not, nor did 2 GiB in CI, 2026-12-03, while the other xdist worker
-  ran SGLang servers and this module's bad-model SGLang exited: SGLang started). The model is
-  the tiny one's tokenizer with a 2.1B-parameter config (about 4 GiB in 16 bits), weights from
-  SGLang's ``--load-format dummy``, under ``--mem-fraction 1e-6``; it runs before the bad-model
-  SGLang starts, so no SGLang of this module exits while it measures.
+- out of memory: a model that does not fit the machine. The tiny model's tokenizer with a
+  config whose embedding alone is 1 TiB (a 2**27-token vocabulary of width 4096): SGLang's
+  allocation of it fails at once, whatever else the machine runs. (A too small
+  ``--mem-fraction`` does not fail reliably on CPU: SGLang sizes its KV pool from the machine's
+  available memory measured before and after loading the weights, and on a busy CI machine
+  other processes freed more than 2, then 4 GiB of dummy weights meanwhile, so SGLang started.)
 
 Each sidecar answers ``/readyz`` 503 ("SGLang starting") while SGLang loads, then exits
 non-zero with one line naming the cause (SGLang's exception, not its traceback) and the log to
-read, instead of hanging. The OOM and bad-flag ones start at once, the bad-model one when they
-are over (each SGLang start takes about a minute on two cores). The operator's side (a NotReady
-pod) is in e2e/test_operator.py.
+read, instead of hanging. They start at once (each SGLang start takes about a minute on two
+cores). The operator's side (a NotReady pod) is in e2e/test_operator.py.
 """
 
 from __future__ import annotations
@@ -40,12 +37,13 @@ import httpx
 import pytest
 
 START_S = 600.0
-#: A Llama of about 2.15B parameters: 32 layers of 16.8M attention and 50.3M MLP weights.
+#: A Llama whose embedding is 2**27 x 4096 16-bit numbers, 1 TiB: more than any machine's memory
+#: and swap, so the allocator refuses it at once instead of the kernel killing a process later.
 BIG_SHAPE = {
-    "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 32,
-    "num_attention_heads": 16, "num_key_value_heads": 16, "head_dim": 128,
+    "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 1,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 2**27,
 }  # fmt: skip
-OOM_ARGS = ("--mem-fraction", "0.000001", "--sglang-load-format", "dummy")
+OOM_ARGS = ("--sglang-load-format", "dummy")
 
 
 @dataclass
@@ -84,20 +82,6 @@ def _start(python: str, model: Path, wid: str, logs: Path, *extra: str) -> Faile
     env = {**os.environ, "FLUIDPD_LOG_DIR": str(logs)}
     proc = subprocess.Popen(cmd, env=env, stdout=out.open("wb"), stderr=subprocess.STDOUT)
     return Failed(proc, port, out)
-
-
-def _watch(runs: dict[str, Failed]) -> None:
-    """Polls each run's exit and ``/readyz`` until every run is over (or the start limit)."""
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < START_S + 60 and not all(r.over for r in runs.values()):
-        for r in runs.values():
-            if r.over:
-                continue
-            r.code = r.proc.poll()
-            with contextlib.suppress(httpx.HTTPError):
-                got = httpx.get(f"http://127.0.0.1:{r.port}/readyz", timeout=5)
-                r.readyz.append((got.status_code, got.text))
-        time.sleep(0.5)
 
 
 @dataclass
@@ -145,16 +129,23 @@ def failures(
     config.update(BIG_SHAPE)
     (big / "config.json").write_text(json.dumps(config))
     runs = {
+        "bad-model": _start(sglang_python, bad, "badmodel", logs),
         "oom": _start(sglang_python, big, "oom", logs, *OOM_ARGS),
-        # Ends in SGLang's argument parser, before the OOM run measures any memory.
         "bad-flag": _start(
             sglang_python, tiny_llama_dir, "badflag", logs, "--sglang-arg=--no-such-sglang-flag"
         ),
     }
     try:
-        _watch(runs)
-        runs["bad-model"] = _start(sglang_python, bad, "badmodel", logs)
-        _watch(runs)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < START_S + 60 and not all(r.over for r in runs.values()):
+            for r in runs.values():
+                if r.over:
+                    continue
+                r.code = r.proc.poll()
+                with contextlib.suppress(httpx.HTTPError):
+                    got = httpx.get(f"http://127.0.0.1:{r.port}/readyz", timeout=5)
+                    r.readyz.append((got.status_code, got.text))
+            time.sleep(0.5)
         yield runs
     finally:
         for r in runs.values():
@@ -186,8 +177,8 @@ def test_bad_model_directory_is_one_line_and_not_ready(failures: dict[str, Faile
 
 
 def test_out_of_memory_is_one_line_and_not_ready(failures: dict[str, Failed]) -> None:
-    last = _check(failures["oom"], "ValueError: Loaded weights leave no GPU memory for the KV")
-    assert "--mem-fraction-static=1e-06" in last, last
+    last = _check(failures["oom"], "DefaultCPUAllocator: can't allocate memory")
+    assert str(2**27 * 4096 * 2) in last, last  # the bytes it tried to allocate
 
 
 def test_sglang_that_cannot_start_is_one_line_and_nonzero(failures: dict[str, Failed]) -> None:
