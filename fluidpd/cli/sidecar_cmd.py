@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fluidpd.api.commands import ENGINES, SGLANG_PREFILL_WINDOW, TRANSFERS
@@ -301,10 +302,14 @@ def _check_sglang_weights(args: argparse.Namespace) -> None:
     starting. Skipped when it reads no safetensors (``--sglang-load-format dummy``: random
     weights; other formats read other files)."""
     from fluidpd.modeldir.model_dir import ModelDirError
-    from fluidpd.modeldir.weights import check_weights
+    from fluidpd.modeldir.weights import check_weights, has_safetensors
 
     if args.sglang_load_format not in SAFETENSORS_LOAD_FORMATS:
         return
+    root = Path(args.model_dir).expanduser()
+    pytorch = any(root.glob("*.bin")) or any(root.glob("*.pt"))
+    if args.sglang_load_format != "safetensors" and pytorch and not has_safetensors(root):
+        return  # SGLang's "auto" loads PyTorch checkpoints then; it checks them itself
     try:
         check_weights(args.model_dir)
     except ModelDirError as exc:

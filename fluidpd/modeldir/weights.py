@@ -50,6 +50,11 @@ def index_weight_map(root: Path) -> dict[str, Path] | None:
         raise ModelDirError(f"{index}: not a safetensors index ({exc!r})") from None
 
 
+def has_safetensors(root: Path) -> bool:
+    """Whether ``root`` keeps its weights as safetensors (an index or any ``*.safetensors``)."""
+    return (root / INDEX).is_file() or any(root.glob("*.safetensors"))
+
+
 def weight_files(root: Path) -> list[Path]:
     """The files that hold the weights: the index's (each must exist), else ``*.safetensors``."""
     where = index_weight_map(root)

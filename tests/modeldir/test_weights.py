@@ -232,3 +232,21 @@ def test_sglang_sidecar_refuses_bad_weights_before_starting_sglang(
         assert err.startswith("fluidpd: error: --sglang-python: "), err
     assert main([*argv, "--sglang-load-format", "safetensors"]) == 2
     assert f"{weights}: {BAD}" in capsys.readouterr().err
+
+
+def test_sglang_auto_format_leaves_pytorch_checkpoints_to_sglang(
+    tiny_llama_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SGLang's ``auto`` loader falls back to ``*.bin`` weights: FluidPD does not refuse them."""
+    d = copy(tiny_llama_dir, tmp_path)
+    (d / "model.safetensors").unlink()
+    argv = ["sidecar", "--id", "w0", "--role", "decode", "--engine", "sglang", "--device", "cpu"]
+    argv += ["--model-dir", str(d), "--sglang-python", str(tmp_path / "no-python")]
+    assert main(argv) == 2  # nothing to load at all
+    assert f"{d}: no *.safetensors weights" in capsys.readouterr().err
+    (d / "pytorch_model.bin").write_bytes(b"PK\x03\x04")
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("fluidpd: error: --sglang-python: "), err  # the weights passed
+    assert main([*argv, "--sglang-load-format", "safetensors"]) == 2
+    assert f"{d}: no *.safetensors weights" in capsys.readouterr().err
