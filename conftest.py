@@ -41,8 +41,8 @@ LONGEST = (
     # modules, the FluidToken one a stack per beta; in CI, 2026-12-02, the three overlapped
     # on both workers until the FluidRole stack missed its 600 s start).
     "tests/sglang/test_sglang_shared_stack.py",
-    # Two real SGLang servers each (Ready in pods; failing starts, the third fails at once):
-    # ~8 min at load 20-50.
+    # Two real SGLang servers each (Ready in pods; failing starts: one loads, one fails at once
+    # in its argument parser, a bad model is refused before SGLang starts): ~8 min at load 20-50.
     "e2e/test_sglang_backend.py",
     "tests/sglang/test_sglang_start_failures.py",
     "e2e/test_operator.py",

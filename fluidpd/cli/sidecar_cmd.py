@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fluidpd.api.commands import ENGINES, SGLANG_PREFILL_WINDOW, TRANSFERS
@@ -139,7 +140,8 @@ def add_sglang_options(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="FORMAT",
         help="SGLang's --load-format (dummy: the model directory's config.json, random weights; "
-        "default: SGLang's auto, the directory's weights)",
+        "default: SGLang's auto, the directory's weights, whose safetensors headers the sidecar "
+        "checks before it starts SGLang)",
     )
     g.add_argument(
         "--sglang-dtype",
@@ -290,6 +292,30 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+#: SGLang load formats that read the directory's ``*.safetensors`` (None: SGLang's default, auto).
+SAFETENSORS_LOAD_FORMATS = (None, "auto", "safetensors")
+
+
+def _check_sglang_weights(args: argparse.Namespace) -> None:
+    """The weights SGLang will load, checked from their headers (milliseconds) before SGLang is
+    spawned: its loader reports a truncated or missing file only after a minute or more of
+    starting. Skipped when it reads no safetensors (``--sglang-load-format dummy``: random
+    weights; other formats read other files)."""
+    from fluidpd.modeldir.model_dir import ModelDirError
+    from fluidpd.modeldir.weights import check_weights, has_safetensors
+
+    if args.sglang_load_format not in SAFETENSORS_LOAD_FORMATS:
+        return
+    root = Path(args.model_dir).expanduser()
+    pytorch = any(root.glob("*.bin")) or any(root.glob("*.pt"))
+    if args.sglang_load_format != "safetensors" and pytorch and not has_safetensors(root):
+        return  # SGLang's "auto" loads PyTorch checkpoints then; it checks them itself
+    try:
+        check_weights(args.model_dir)
+    except ModelDirError as exc:
+        raise UserError(f"--model-dir: {exc}") from None
+
+
 def _run_sglang(args: argparse.Namespace, cfg: Any, text: Any) -> int:
     """The sidecar of an SGLang worker: SGLang's own P/D (KV over its Mooncake backend)."""
     import logging
@@ -305,6 +331,7 @@ def _run_sglang(args: argparse.Namespace, cfg: Any, text: Any) -> int:
 
     if not args.model_dir:
         raise UserError("--model-dir: the sglang engine serves a model directory; give one")
+    _check_sglang_weights(args)
     python = (
         args.sglang_python
         or os.environ.get("FLUIDPD_SGLANG_PYTHON")

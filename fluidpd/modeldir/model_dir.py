@@ -9,7 +9,9 @@ since serving must never depend on a download at start.
 
 ``load_model_dir`` checks what every FluidPD process needs (the router: tokenizer and chat
 template; sidecars: tokenizer and EOS ids) and raises ``ModelDirError`` with one line naming
-the missing or bad file. Weights and the architecture are the gpu engine's to check.
+the missing or bad file. The weights files are checked from their safetensors headers by
+``weights.check_weights`` (the sglang sidecar, before it spawns SGLang); their tensors against
+the architecture are the gpu engine's to check.
 """
 
 from __future__ import annotations

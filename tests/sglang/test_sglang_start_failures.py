@@ -2,7 +2,9 @@
 CPU supervising a real SGLang 0.5.17 server that fails while loading.
 
 - a bad model directory: FluidPD's own checks pass (config, tokenizer, generation config) but
-  the weights file is truncated, so SGLang's loader fails;
+  the weights file is truncated. The sidecar reads the safetensors headers before it spawns
+  SGLang (``fluidpd.modeldir.weights``), so it exits at once with one line naming the file and
+  the cause, and SGLang never starts (it used to fail in its loader after a minute of starting);
 - a flag SGLang does not know (``--sglang-arg``): SGLang's argument parser exits at once;
 - no SGLang at all under ``fluidpd up`` (its "SGLang python" is ``/bin/false``): ``up`` ends
   at once with one line naming the worker and its cause, not after ``--sglang-start-timeout``;
@@ -13,10 +15,11 @@ CPU supervising a real SGLang 0.5.17 server that fails while loading.
   available memory measured before and after loading the weights, and on a busy CI machine
   other processes freed more than 2, then 4 GiB of dummy weights meanwhile, so SGLang started.)
 
-Each sidecar answers ``/readyz`` 503 ("SGLang starting") while SGLang loads, then exits
-non-zero with one line naming the cause (SGLang's exception, not its traceback) and the log to
-read, instead of hanging. They start at once (each SGLang start takes about a minute on two
-cores). The operator's side (a NotReady pod) is in e2e/test_operator.py.
+The sidecars of the last three answer ``/readyz`` 503 ("SGLang starting") while SGLang loads,
+then exit non-zero with one line naming the cause (SGLang's exception, not its traceback) and
+the log to read, instead of hanging. They start at once, after the bad model's sidecar has
+exited (each SGLang start takes about a minute on two cores; two SGLang servers start here).
+The operator's side (a NotReady pod) is in e2e/test_operator.py.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import json
 import os
 import shutil
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -119,17 +123,12 @@ def failures(
     up_without_sglang: Up,  # started first, so that it fails while these do
 ) -> Iterator[dict[str, Failed]]:
     logs = tmp_path_factory.mktemp("sglang-failures")
-    bad = logs / "bad-model"
-    shutil.copytree(tiny_llama_dir, bad)
-    for weights in bad.glob("*.safetensors"):
-        weights.write_bytes(weights.read_bytes()[:1000])
     big = logs / "big-model"
     shutil.copytree(tiny_llama_dir, big)
     config = json.loads((big / "config.json").read_text())
     config.update(BIG_SHAPE)
     (big / "config.json").write_text(json.dumps(config))
     runs = {
-        "bad-model": _start(sglang_python, bad, "badmodel", logs),
         "oom": _start(sglang_python, big, "oom", logs, *OOM_ARGS),
         "bad-flag": _start(
             sglang_python, tiny_llama_dir, "badflag", logs, "--sglang-arg=--no-such-sglang-flag"
@@ -172,8 +171,28 @@ def _check(run: Failed, *cause: str) -> str:
     return last
 
 
-def test_bad_model_directory_is_one_line_and_not_ready(failures: dict[str, Failed]) -> None:
-    _check(failures["bad-model"], "SafetensorError", "header")
+def test_bad_model_directory_is_one_line_before_sglang_starts(
+    sglang_python: str, tiny_llama_dir: Path, tmp_path: Path
+) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    bad = tmp_path / "bad-model"
+    shutil.copytree(tiny_llama_dir, bad)
+    weights = bad / "model.safetensors"
+    (header,) = struct.unpack("<Q", weights.read_bytes()[:8])
+    weights.write_bytes(weights.read_bytes()[:1000])
+    t0 = time.monotonic()
+    run = _start(sglang_python, bad, "badmodel", logs)
+    run.code = run.proc.wait(START_S)
+    took = time.monotonic() - t0
+    assert run.code == 2, run.lines[-20:]
+    assert run.lines == [
+        f"fluidpd: error: --model-dir: {weights}: not a valid safetensors file: header says "
+        f"{header} bytes, the file has 1000"
+    ]
+    # SGLang was never spawned (it would have written its log here), and no minute was spent.
+    assert [p.name for p in logs.iterdir()] == ["badmodel.out"]
+    assert took < START_S / 10, took
 
 
 def test_out_of_memory_is_one_line_and_not_ready(failures: dict[str, Failed]) -> None:

@@ -11,17 +11,15 @@ not a shape error deep in the first forward pass.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from fluidpd.modeldir.model_dir import ModelDirError
+from fluidpd.modeldir.weights import INDEX, index_weight_map, weight_files
 from fluidpd_sidecar.gpu.config import ModelConfig, from_hf_config
 from fluidpd_sidecar.gpu.model import LayerWeights, Weights
-
-INDEX = "model.safetensors.index.json"
 
 
 def model_dir_config(model_dir: str | Path) -> ModelConfig:
@@ -84,18 +82,11 @@ def _open(path: Path, device: torch.device) -> Any:
 
 def _tensor_files(root: Path) -> dict[str, Path]:
     """Which file holds each tensor: the index's weight map, or the single file's keys."""
-    index = root / INDEX
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-            return {str(k): root / str(v) for k, v in weight_map.items()}
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise ModelDirError(f"{index}: not a safetensors index ({exc!r})") from None
-    files = sorted(root.glob("*.safetensors"))
-    if not files:
-        raise ModelDirError(f"{root}: no *.safetensors weights (and no {INDEX})")
-    where: dict[str, Path] = {}
-    for f in files:
+    where = index_weight_map(root)
+    if where is not None:
+        return where
+    where = {}
+    for f in weight_files(root):
         for name in _open(f, torch.device("cpu")).keys():  # noqa: SIM118 - not a dict
             where[str(name)] = f
     return where
