@@ -87,7 +87,7 @@ def poll(args: argparse.Namespace) -> None:
 def fetch(args: argparse.Namespace) -> None:
     """The router's and the sidecars' Prometheus text, into the run directory."""
     run = Path(args.run_dir)
-    (run / "router-metrics.txt").write_bytes(_get("http://127.0.0.1:8000/metrics"))
+    (run / "router-metrics.txt").write_bytes(_get(f"http://127.0.0.1:{args.router}/metrics"))
     parts = []
     for port in args.ports.split(","):
         try:
@@ -218,6 +218,7 @@ def main() -> None:
     p.add_argument("--out", required=True)
     p = sub.add_parser("fetch")
     p.add_argument("run_dir")
+    p.add_argument("--router", default="8000")
     p.add_argument("--ports", default="8101,8102,8103,8104")
     p = sub.add_parser("summarize")
     p.add_argument("run_dir")

@@ -25,8 +25,11 @@ RPS=${RPS:-16}
 N=${N:-300}
 ENGINE=${ENGINE:-"--engine-model llama-3.1-8b --device cuda:0"}
 ARENA_MIB=${ARENA_MIB:-4096}
+DIAG=${DIAG:-/tmp/diag}
+PORT=${PORT:-8000}
+PORTS=$((PORT + 101)),$((PORT + 102)),$((PORT + 103)),$((PORT + 104))
 PYSPY=$(command -v py-spy || echo /tmp/site/bin/py-spy)
-mkdir -p $OUT /tmp/diag
+mkdir -p $OUT $DIAG
 nvidia-smi -L || true
 cat TREE 2>/dev/null > $OUT/tree.txt
 SIDECARS="w0 w1 w2 w3"
@@ -41,7 +44,7 @@ gpu_free() {
 
 run_one() {
   local TREE=$1 T=$2 POLICY=$3
-  local NAME=$TREE-$POLICY-$T RUN=/tmp/diag/$TREE-$POLICY-$T DRAIN=wait PP
+  local NAME=$TREE-$POLICY-$T RUN=$DIAG/$TREE-$POLICY-$T DRAIN=wait PP
   [ $T = cuda-ipc ] && DRAIN=migrate
   if [ $TREE = before ]; then
     PP=/tmp/site:$PWD/.before:$PWD/.before/worker-sidecar
@@ -49,7 +52,7 @@ run_one() {
     PP=/tmp/site:$PWD:$PWD/worker-sidecar
   fi
   local UP="up --engine gpu $ENGINE --profile $PROFILE \
---kv-transfer $T --kv-arena-mib $ARENA_MIB --pd 2P2D --policy $POLICY --port 8000 --run-dir $RUN \
+--kv-transfer $T --kv-arena-mib $ARENA_MIB --pd 2P2D --policy $POLICY --port $PORT --run-dir $RUN \
 --ready-timeout 300 --drain-mode $DRAIN --ttft-slo 2.0 --tpot-slo 0.1 --log-level info"
   echo "[$NAME] PYTHONPATH=$PP fluidpd $UP" >> $OUT/commands.txt
   local t_up=$(date +%s)
@@ -63,15 +66,16 @@ run_one() {
   if [ ! -s $RUN/endpoint ]; then
     echo "[$NAME] the stack did not come up" | tee -a $OUT/commands.txt
     kill -TERM $PID; wait $PID
-    tar czf $OUT/$NAME.tgz -C /tmp/diag $NAME $NAME.log
+    tar czf $OUT/$NAME.tgz -C $DIAG $NAME $NAME.log
     gpu_free
     return
   fi
   echo "[$NAME] up after $(( $(date +%s) - t_up )) s" | tee -a $OUT/commands.txt
   [ -s $OUT/nvidia-smi.txt ] || nvidia-smi > $OUT/nvidia-smi.txt 2>&1
   nvidia-smi --query-gpu=memory.used,memory.total --format=csv > $RUN/gpu-memory.txt 2>&1
-  PYTHONPATH=$PP timeout 60 python3 scripts/gpu/ipc_diag.py probe --out $RUN/probe.json
-  python3 scripts/gpu/ipc_diag.py poll --out $RUN/poll.jsonl &
+  PYTHONPATH=$PP timeout 60 python3 scripts/gpu/ipc_diag.py probe --endpoint http://127.0.0.1:$PORT \
+    --out $RUN/probe.json
+  python3 scripts/gpu/ipc_diag.py poll --ports $PORTS --out $RUN/poll.jsonl &
   local POLL=$!
   (
     for k in 1 2; do
@@ -83,19 +87,19 @@ run_one() {
     done > $RUN/pyspy.txt 2>&1
   ) &
   local SPY=$!
-  local REPLAY="replay --endpoint http://127.0.0.1:8000 --workload azure-mixed --rps $RPS \
+  local REPLAY="replay --endpoint http://127.0.0.1:$PORT --workload azure-mixed --rps $RPS \
 --num-requests $N --seed 0 --ttft-slo 2.0 --tpot-slo 0.1 --label $NAME --model-name llama-3.1-8b \
 --gpu h200 --pd 2P2D --out $RUN/replay --quiet --no-plots --timeout 20"
   echo "[$NAME] fluidpd $REPLAY" >> $OUT/commands.txt
   PYTHONPATH=$PP timeout 110 python3 -m fluidpd.cli.main $REPLAY 2>&1 | tail -4
-  python3 scripts/gpu/ipc_diag.py fetch $RUN
+  python3 scripts/gpu/ipc_diag.py fetch $RUN --router $PORT --ports $PORTS
   kill $POLL $SPY 2>/dev/null
   wait $SPY 2>/dev/null
   kill -TERM $PID; wait $PID
   rm -rf $RUN/replay/timeseries $RUN/*.pid $RUN/admin-token* $RUN/token*
   python3 scripts/gpu/ipc_diag.py summarize $RUN > /dev/null
   grep -h -i -E "error|exception|traceback" $RUN/*.log | sort | uniq -c | sort -rn | head -10
-  tar czf $OUT/$NAME.tgz -C /tmp/diag $NAME $NAME.log
+  tar czf $OUT/$NAME.tgz -C $DIAG $NAME $NAME.log
   echo "[$NAME] done at +$(( $(date +%s) - T0 )) s" | tee -a $OUT/commands.txt
   gpu_free
 }
@@ -109,5 +113,5 @@ for SPEC in ${RUNS:-before:cuda-ipc:static before:shm:static}; do
   run_one $TREE $T $POLICY
 done
 set +x
-python3 scripts/gpu/ipc_diag.py compare /tmp/diag/*/ | tee $OUT/compare.txt
+python3 scripts/gpu/ipc_diag.py compare $DIAG/*/ | tee $OUT/compare.txt
 ls -la $OUT
