@@ -52,17 +52,21 @@ def probe(args: argparse.Namespace) -> None:
             headers={"Content-Type": "application/json"},
         )
         t0 = time.perf_counter()
-        chunks = []
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            for raw in resp:
-                line = raw.strip()
-                if not line.startswith(b"data:") or line == b"data: [DONE]":
-                    continue
-                obj = json.loads(line[5:])
-                for c in obj.get("choices") or []:
-                    chunks.append([round(time.perf_counter() - t0, 4), c.get("text", "")])
+        chunks: list[list[Any]] = []
+        error = None
+        try:
+            with urllib.request.urlopen(req, timeout=60) as resp:
+                for raw in resp:
+                    line = raw.strip()
+                    if not line.startswith(b"data:") or line == b"data: [DONE]":
+                        continue
+                    obj = json.loads(line[5:])
+                    for c in obj.get("choices") or []:
+                        chunks.append([round(time.perf_counter() - t0, 4), c.get("text", "")])
+        except Exception as exc:  # a refused probe is reported, the others still run
+            error = str(exc)[:200]
         first_text = next((t for t, text in chunks if text), None)
-        out.append({"prompt_len": n, "chunks": chunks, "first_text_s": first_text,
+        out.append({"prompt_len": n, "chunks": chunks, "first_text_s": first_text, "error": error,
                     "e2e_s": round(time.perf_counter() - t0, 4)})  # fmt: skip
         print(f"probe {n}: first text {first_text} s, {len(chunks)} chunks", flush=True)
     Path(args.out).write_text(json.dumps(out, indent=1) + "\n")

@@ -78,6 +78,7 @@ run_one() {
   python3 scripts/gpu/ipc_diag.py poll --ports $PORTS --out $RUN/poll.jsonl &
   local POLL=$!
   (
+    set +x
     for k in 1 2; do
       sleep $([ $k = 1 ] && echo 20 || echo 12)
       for w in $SIDECARS; do
