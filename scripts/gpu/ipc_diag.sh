@@ -20,6 +20,9 @@ set -x
 export FLUIDPD_ADMIN_TOKEN=${FLUIDPD_ADMIN_TOKEN:-gpu-run}
 export FLUIDPD_TRACES_DIR=${FLUIDPD_TRACES_DIR:-$PWD/.gpudata/traces}
 export FLUIDPD_DEBUG_LOGGERS=fluidpd.trace
+# `python -m` would put the working directory (this tree) first on sys.path, before the
+# "before" packages of PYTHONPATH: only PYTHONPATH, in every process the stack starts.
+export PYTHONSAFEPATH=1
 PROFILE=${PROFILE:-results/gpu/live-8b-shared/llama-3.1-8b-h200-shared4.yaml}
 RPS=${RPS:-16}
 N=${N:-300}
