@@ -86,7 +86,7 @@ run_one() {
       sleep $([ $k = 1 ] && echo 20 || echo 12)
       for w in $SIDECARS; do
         echo "===== $w dump $k $(date +%T.%N)"
-        timeout 10 $PYSPY dump --pid $(cat $RUN/$w.pid) 2>&1 | head -150
+        timeout 10 $PYSPY dump --nonblocking --pid $(cat $RUN/$w.pid) 2>&1 | head -150
       done
     done > $RUN/pyspy.txt 2>&1
   ) &
