@@ -12,7 +12,8 @@
 # every sidecar's GET /pressure each 0.5 s, two py-spy dumps of each sidecar during the replay,
 # the router's and sidecars' /metrics after it, the decode traces of every request
 # (FLUIDPD_DEBUG_LOGGERS=fluidpd.trace), and scripts/gpu/ipc_diag.py's summary; each run is packed
-# into $OUT/<tree>-<policy>-<transport>.tgz as it ends, so a call cut short keeps what finished.
+# into $OUT/<tree>-<policy>-<transport>.tgz as it ends, so a call cut short keeps what finished
+# ($OUT: those, commands.txt and compare.txt: at most 7 files with four runs).
 # A run starts only while LIMIT seconds (default 450) have not passed since the call began.
 T0=$(date +%s)
 set -x
@@ -34,7 +35,7 @@ PORTS=$((PORT + 101)),$((PORT + 102)),$((PORT + 103)),$((PORT + 104))
 PYSPY=$(command -v py-spy || echo /tmp/site/bin/py-spy)
 mkdir -p $OUT $DIAG
 nvidia-smi -L || true
-cat TREE 2>/dev/null > $OUT/tree.txt
+{ echo "tree: $(cat TREE 2>/dev/null)"; nvidia-smi -L; } >> $OUT/commands.txt 2>&1
 SIDECARS="w0 w1 w2 w3"
 
 gpu_free() {
@@ -74,7 +75,7 @@ run_one() {
     return
   fi
   echo "[$NAME] up after $(( $(date +%s) - t_up )) s" | tee -a $OUT/commands.txt
-  [ -s $OUT/nvidia-smi.txt ] || nvidia-smi > $OUT/nvidia-smi.txt 2>&1
+  [ -s $DIAG/nvidia-smi.txt ] || { nvidia-smi > $DIAG/nvidia-smi.txt 2>&1; cp $DIAG/nvidia-smi.txt $RUN/; }
   nvidia-smi --query-gpu=memory.used,memory.total --format=csv > $RUN/gpu-memory.txt 2>&1
   PYTHONPATH=$PP timeout 60 python3 scripts/gpu/ipc_diag.py probe --endpoint http://127.0.0.1:$PORT \
     --out $RUN/probe.json
