@@ -8,6 +8,7 @@
                router's and sidecars' TTFT histograms (first token *ids*) next to the replay's
                client TTFT (first non-empty *text*), the pressure samples.
 ``compare``    the summaries of several runs side by side, and the probe outputs across runs.
+``traces``     the replay requests' decode traces per run, and equal ids across runs of a tree.
 
 stdlib only (urllib), so it runs wherever the checkout does.
 """
@@ -192,10 +193,7 @@ def compare(args: argparse.Namespace) -> None:
             cells.append(f"{v:15.3f}" if isinstance(v, float) else f"{v!s:>15}")
         print(r["run"][:27].ljust(28) + "".join(cells))
     # The probe's requests decode alone: equal prompts, equal ids, whatever the transport.
-    crcs = {
-        f"{zlib.crc32(','.join(map(str, prompt_ids(7, i, n))).encode()):08x}"
-        for i, n in enumerate(PROBE_LENS)
-    }
+    crcs = _probe_crcs()
     probes: dict[str, dict[str, list[int]]] = {}
     for d in args.run_dirs:
         for log in sorted(Path(d).glob("w*.log")):
@@ -205,9 +203,66 @@ def compare(args: argparse.Namespace) -> None:
                     if rec["crc"] in crcs:
                         probes.setdefault(rec["crc"], {})[Path(d).name] = rec["ids"]
     for crc, by_run in sorted(probes.items()):
-        same = len({tuple(v) for v in by_run.values()}) == 1
-        print(f"probe {crc}: {len(by_run)} runs, ids {'equal' if same else 'DIFFER'}: "
+        trees: dict[str, set[tuple[int, ...]]] = {}
+        for run, ids in by_run.items():
+            trees.setdefault(run.split("-", 1)[0], set()).add(tuple(ids))
+        verdict = ", ".join(f"{t} {'equal' if len(v) == 1 else 'DIFFER'}" for t, v in trees.items())
+        print(f"probe {crc}: {len(by_run)} runs, ids per tree {verdict}: "
               + "; ".join(f"{k}={v[:6]}" for k, v in by_run.items()))  # fmt: skip
+
+
+def _probe_crcs() -> set[str]:
+    return {
+        f"{zlib.crc32(','.join(map(str, prompt_ids(7, i, n))).encode()):08x}"
+        for i, n in enumerate(PROBE_LENS)
+    }
+
+
+def _replay_traces(run: Path) -> dict[str, dict[str, Any]]:
+    """The decode traces of a run's replay requests (probes left out), by prompt crc."""
+    probes = _probe_crcs()
+    out = {}
+    for log in sorted(run.glob("w*.log")):
+        for line in log.read_text(errors="replace").splitlines():
+            if "decode trace " in line:
+                rec = json.loads(line.split("decode trace ", 1)[1])
+                if rec["crc"] not in probes:
+                    out[rec["crc"]] = rec
+    return out
+
+
+def traces(args: argparse.Namespace) -> None:
+    """Per run, the replay's requests as their decode worker saw them: the first token's time
+    (ids), the first text's time (what a client's TTFT is), the ids the tokenizer renders; then
+    whether equal prompts produced equal ids in every run of one tree."""
+    by_run = {Path(d).name: _replay_traces(Path(d)) for d in args.run_dirs}
+    for name, recs in by_run.items():
+        t = list(recs.values())
+        if not t:
+            continue
+        n = len(t)
+        first = _mean([r["first_token_t"] - r["arrival"] for r in t])
+        text = _mean([(r["first_text_t"] or r["finish_t"]) - r["arrival"] for r in t])
+        idx = [r["first_text_idx"] for r in t if r["first_text_idx"] >= 0]
+        token0 = 100 * sum(r["first_text_idx"] == 0 for r in t) / n
+        none = 100 * sum(r["first_text_idx"] < 0 for r in t) / n
+        texty = 100 * sum(r["text_tokens"] for r in t) / sum(r["out"] for r in t)
+        median = statistics.median(idx) if idx else -1
+        print(
+            f"{name}: {n} requests | first token (ids) {first:.3f} s | first text {text:.3f} s"
+            f" | token 0 has text {token0:.1f} % | no text at all {none:.1f} %"
+            f" | ids with text {texty:.2f} %"
+            f" | first text at token {_mean(idx):.1f} (median {median})"
+        )
+    groups: dict[str, list[str]] = {}
+    for name in by_run:
+        groups.setdefault(name.split("-", 1)[0], []).append(name)
+    for tree, names in groups.items():
+        common = set.intersection(*(set(by_run[n]) for n in names))
+        equal = sum(len({tuple(by_run[n][c]["ids"]) for n in names}) == 1 for c in common)
+        print(
+            f"{tree}: {len(names)} runs, {len(common)} prompts in all, 16 first ids equal: {equal}"
+        )
 
 
 def main() -> None:
@@ -228,9 +283,12 @@ def main() -> None:
     p.add_argument("run_dir")
     p = sub.add_parser("compare")
     p.add_argument("run_dirs", nargs="+")
+    p = sub.add_parser("traces")
+    p.add_argument("run_dirs", nargs="+")
     args = ap.parse_args()
     commands = {"probe": probe, "poll": poll, "fetch": fetch, "summarize": summarize}
     commands["compare"] = compare
+    commands["traces"] = traces
     commands[args.cmd](args)
 
 
