@@ -122,6 +122,11 @@ def configure_logging(log_level: str, tag: str) -> None:
     logging.basicConfig(
         level=log_level.upper(), format=f"%(asctime)s {tag} %(levelname)s %(message)s"
     )
+    # Diagnostic traces without a process-wide --log-level debug: FLUIDPD_DEBUG_LOGGERS names
+    # loggers (comma-separated, e.g. fluidpd.trace) that log at DEBUG whatever the level is.
+    for name in os.environ.get("FLUIDPD_DEBUG_LOGGERS", "").split(","):
+        if name.strip():
+            logging.getLogger(name.strip()).setLevel(logging.DEBUG)
 
 
 def serve_http(app: Any, args: argparse.Namespace) -> None:

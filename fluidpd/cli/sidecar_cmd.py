@@ -266,6 +266,7 @@ def run(args: argparse.Namespace) -> int:
                 dtype=args.dtype,
                 seed=args.weight_seed,
                 staging=staging,
+                text_ids=None if args.model_dir else text.text_ids(),
             )
         except (ValueError, FileNotFoundError) as exc:
             if staging is not None:

@@ -56,6 +56,10 @@ class DecodeState:
     subscribed: bool = False
     #: Its KV is here (the prefill hand-off arrived, or it migrated in): it can finish.
     started: bool = False
+    #: When the stream first carried text, and its token count then (for the decode trace:
+    #: clients time the first token by its text).
+    first_text_t: float = 0.0
+    first_text_n: int = 0
 
 
 def check_half(half: RequestHalf, context_limit: int, vocab: int) -> None:

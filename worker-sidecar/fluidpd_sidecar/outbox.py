@@ -5,8 +5,10 @@ event stream (first token, finish, reroute); and the KV transport room a reserva
 
 from __future__ import annotations
 
+import json
 import logging
 import time
+import zlib
 
 from fluidpd.api.internal import DecodeEvent, Handoff, PrefillOutcome, Reserved, SuffixCommit
 from fluidpd.core.scheduler import messages as msg
@@ -15,6 +17,8 @@ from fluidpd_sidecar.peers import PeerError
 from fluidpd_sidecar.streams import Streams
 
 log = logging.getLogger("fluidpd.sidecar")
+#: Per-request diagnostics at DEBUG (``FLUIDPD_DEBUG_LOGGERS=fluidpd.trace`` turns them on).
+trace = logging.getLogger("fluidpd.trace")
 
 
 class Outbox(Streams):
@@ -164,9 +168,30 @@ class Outbox(Streams):
             stream.end()
         self._emit(half, m.t, final=True)
         self.metrics.finished(req, m.t, stream.count)
+        if trace.isEnabledFor(logging.DEBUG):
+            self._trace_finished(half, m.t)
         reason = stream.finish or "length"
         done = DecodeEvent(event="done", n=stream.count, finish_reason=reason, t=m.t)
         self._end_decode(m.rid, done)
+
+    def _trace_finished(self, half: DecodeState, t: float) -> None:
+        """One JSON line per finished decode half: when its first token and its first text went
+        out, and which ids it produced (an id the served tokenizer cannot render streams no
+        text, and clients time the first token by its text)."""
+        ids = half.stream.output_ids
+        if self._texty is None:
+            self._texty = frozenset(self.text.text_ids())
+        req = half.req
+        first_text = next((i for i, x in enumerate(ids) if x in self._texty), -1)
+        prompt = ",".join(map(str, half.half.prompt_ids)).encode()
+        rec = {
+            "rid": req.rid, "crc": f"{zlib.crc32(prompt):08x}", "prompt": req.prompt_len,
+            "out": len(ids), "first_text_idx": first_text,
+            "text_tokens": sum(x in self._texty for x in ids), "arrival": req.arrival,
+            "first_token_t": req.first_token_t, "first_text_t": half.first_text_t,
+            "first_text_n": half.first_text_n, "finish_t": t, "ids": ids[:16],
+        }  # fmt: skip
+        trace.debug("decode trace %s", json.dumps(rec))
 
     def _reroute(self, rid: int) -> None:
         if rid in self.prefill_halves:

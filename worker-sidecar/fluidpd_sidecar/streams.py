@@ -34,6 +34,8 @@ class Streams(ServiceState):
         ids, text, logprobs = half.stream.take(final)
         if ids or text:
             n = half.stream.count
+            if text and not half.first_text_t:
+                half.first_text_t, half.first_text_n = t, n
             self._push(half, DecodeEvent(event="token", n=n, ids=ids, text=text,
                                          logprobs=logprobs, t=t))  # fmt: skip
 

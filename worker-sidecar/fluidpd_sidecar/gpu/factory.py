@@ -7,6 +7,8 @@ random weights (``shape`` + ``seed``); the two are never mixed.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from fluidpd.core.profile import Profile
 from fluidpd.core.types import Role
 from fluidpd_sidecar.engine import KVStaging
@@ -29,7 +31,12 @@ def model_config(shape: str | None, model_dir: str | None) -> ModelConfig:
 
 
 def runner_options(
-    profile: Profile, device: str, dtype: str, seed: int, model_dir: str | None
+    profile: Profile,
+    device: str,
+    dtype: str,
+    seed: int,
+    model_dir: str | None,
+    output_ids: Sequence[int] | None = None,
 ) -> RunnerOptions:
     """KV pool = the profile's capacity plus one page of rounding per running request, so the
     scheduler's token accounting (which knows no pages) never finds the pool short."""
@@ -43,6 +50,7 @@ def runner_options(
         page_size=PAGE_SIZE,
         max_context=profile.context_limit,
         max_batch=max_batch,
+        output_ids=None if output_ids is None else tuple(output_ids),
     )
 
 
@@ -56,14 +64,23 @@ def build_engine(
     dtype: str = "bfloat16",
     seed: int = 0,
     staging: KVStaging | None = None,
+    text_ids: Sequence[int] | None = None,
 ) -> GpuEngine:
     """``model_dir`` set: that checkpoint (``shape`` is ignored); else ``shape`` with weights
-    drawn from ``seed``. Raises ValueError (``ModelDirError``) with one line naming the file."""
+    drawn from ``seed``. Raises ValueError (``ModelDirError``) with one line naming the file.
+
+    ``text_ids``: the ids the served tokenizer renders as text by themselves
+    (``TokenText.text_ids``). Seeded weights output only these, as the ``sim`` engine does: their
+    logits are noise over the shape's whole vocabulary (128K ids for Llama-3), the served
+    tokenizer is then the embedded 1,024-id one, and an id it does not know streams no text, so
+    a client timing the first token by its text (``fluidpd replay``, SGLang's bench_serving)
+    would wait for the first id below 1,024. A checkpoint's outputs are left alone."""
     cfg = model_config(shape, model_dir)
     if profile.kv.bytes_per_token != cfg.kv_bytes_per_token and dtype == "bfloat16":
         raise ValueError(
             f"profile {profile.name}: kv.bytes_per_token {profile.kv.bytes_per_token} is not "
             f"the {cfg.kv_bytes_per_token} B of model shape {cfg.name}"
         )
-    runner = ModelRunner(cfg, runner_options(profile, device, dtype, seed, model_dir))
+    allowed = None if model_dir else text_ids
+    runner = ModelRunner(cfg, runner_options(profile, device, dtype, seed, model_dir, allowed))
     return GpuEngine(runner, role, staging)

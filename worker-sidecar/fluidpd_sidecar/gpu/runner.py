@@ -13,6 +13,7 @@ one graph serves any lengths. The graph computes the argmax itself, so an all-gr
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -51,6 +52,10 @@ class RunnerOptions:
     max_batch: int = 256
     cuda_graphs: bool = True
     buckets: tuple[int, ...] = DEFAULT_BUCKETS
+    #: The only ids the model may output (None: its whole vocabulary). Seeded weights are run
+    #: with the served tokenizer's text ids: random logits pick any of the 128K ids of a real
+    #: shape, and an id the (1,024-id embedded) tokenizer cannot render streams no text.
+    output_ids: tuple[int, ...] | None = None
 
 
 @dataclass(slots=True)
@@ -93,6 +98,8 @@ class ModelRunner:
         self._lens = torch.ones(n, dtype=torch.int32, device=dev)
         self._out = torch.zeros(n, dtype=torch.long, device=dev)
         self._logits = torch.zeros(n, cfg.vocab, dtype=torch.float32, device=dev)
+        #: True for the ids the model may not output (``opts.output_ids``); None: all allowed.
+        self._banned = _banned_ids(cfg.vocab, opts.output_ids, dev)
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.graph_stats = GraphStats()
         self.load_s = time.perf_counter() - t0
@@ -128,7 +135,8 @@ class ModelRunner:
                 kp, vp = cache.gather(i, pages, start)
                 kk, vv = torch.cat([kp, k]), torch.cat([vp, v])
             x = attn_out_and_mlp(cfg, lw, x, prefill_attention(q, kk, vv))
-        return final_logits(cfg, self.weights, x[-1:])[0]
+        logits = final_logits(cfg, self.weights, x[-1:])[0]
+        return logits if self._banned is None else logits.masked_fill(self._banned, -math.inf)
 
     # -- decode ----------------------------------------------------------------------------------
     def _decode_body(self, n: int) -> None:
@@ -147,6 +155,8 @@ class ModelRunner:
             x = attn_out_and_mlp(cfg, lw, x, attn)
         logits = self._logits[:n]
         logits.copy_(head_logits(cfg, self.weights, x))  # to fp32 in the copy
+        if self._banned is not None:  # every reader (argmax, sampler, logprobs) sees the mask
+            logits.masked_fill_(self._banned, -math.inf)
         self._out[:n] = logits.argmax(-1)
 
     def _bucket(self, n: int) -> int:
@@ -245,6 +255,19 @@ class ModelRunner:
     def sync(self) -> None:
         if self.on_cuda:
             torch.cuda.synchronize()
+
+
+def _banned_ids(
+    vocab: int, allowed: tuple[int, ...] | None, device: torch.device
+) -> torch.Tensor | None:
+    if allowed is None:
+        return None
+    inside = [i for i in allowed if 0 <= i < vocab]
+    if not inside:
+        raise ValueError(f"output_ids: none of them inside the model's {vocab} ids")
+    banned = torch.ones(vocab, dtype=torch.bool)
+    banned[inside] = False
+    return banned.to(device)
 
 
 def pin_host_memory(base: int, nbytes: int) -> bool:
