@@ -4,11 +4,13 @@ subprocess): the scheduler loop runs on the test's event loop, so races can be s
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import orjson
+from aiohttp import web
 
 from fluidpd.api.internal import DecodeHalf
 from fluidpd.api.sampling import SamplingParams
@@ -71,3 +73,23 @@ async def events_of(svc: SidecarService, rid: int) -> list[dict[str, Any]]:
     """A decode half's whole event stream, as the router reads it."""
     half = svc.subscribe(svc.decode_half(rid))
     return [orjson.loads(line) async for line in svc.events(half)]
+
+
+async def reserved_peer(on_reserved: Callable[[int], None]) -> tuple[web.AppRunner, str]:
+    """A prefill peer that only takes reservations (``on_reserved(rid)`` for each): the decode
+    half then waits for a hand-off that the test stages, or never sends. Returns the runner
+    (``cleanup()`` it) and the peer's URL."""
+
+    async def reserved(request: web.Request) -> web.Response:
+        on_reserved(int(orjson.loads(await request.read())["rid"]))
+        return web.json_response({"ok": True})
+
+    app = web.Application()
+    app.router.add_post("/v1/internal/reserved", reserved)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner, f"http://127.0.0.1:{port}"

@@ -11,35 +11,17 @@ HTTP that takes the reservation (what the test stages is the hand-off's timing).
 from __future__ import annotations
 
 import asyncio
-import socket
 from pathlib import Path
 
 import orjson
-from aiohttp import web
 
 from fluidpd.api.internal import Abort, DecodeHalf, Handoff
 from fluidpd.api.sampling import SampledToken, SamplingParams
 from fluidpd.core.types import Role
 from fluidpd_sidecar.service import SidecarService
-from tests.sidecar.helpers import sim_service
+from tests.sidecar.helpers import reserved_peer, sim_service
 
 PROMPT = 32
-
-
-async def _prefill_peer(reserved: dict[int, asyncio.Event]) -> tuple[web.AppRunner, str]:
-    async def on_reserved(request: web.Request) -> web.Response:
-        reserved[int(orjson.loads(await request.read())["rid"])].set()
-        return web.json_response({"ok": True})
-
-    app = web.Application()
-    app.router.add_post("/v1/internal/reserved", on_reserved)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    return runner, f"http://127.0.0.1:{port}"
 
 
 def _half(rid: int, prefill_url: str) -> DecodeHalf:
@@ -58,7 +40,7 @@ async def _events(svc: SidecarService, rid: int) -> list[dict[str, object]]:
 def test_an_abort_unless_started_spares_a_decode_half_with_its_kv(tmp_path: Path) -> None:
     async def go() -> None:
         reserved = {1: asyncio.Event(), 2: asyncio.Event(), 3: asyncio.Event()}
-        runner, peer = await _prefill_peer(reserved)
+        runner, peer = await reserved_peer(lambda rid: reserved[rid].set())
         svc = sim_service(tmp_path, "d0", Role.DECODE)
         await svc.start()
         try:

@@ -8,43 +8,25 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import socket
 from pathlib import Path
 
 import orjson
 import pytest
-from aiohttp import web
 
 from fluidpd.api.internal import DecodeHalf, Handoff
 from fluidpd.api.sampling import SampledToken, SamplingParams
 from fluidpd.cli.options import configure_logging
 from fluidpd.core.types import Role
-from tests.sidecar.helpers import sim_service
+from tests.sidecar.helpers import reserved_peer, sim_service
 
 PROMPT = 32
 SAMPLING = SamplingParams(max_new_tokens=5, ignore_eos=True)
 
 
-async def _prefill_peer(reserved: asyncio.Event) -> tuple[web.AppRunner, str]:
-    async def on_reserved(request: web.Request) -> web.Response:
-        reserved.set()
-        return web.json_response({"ok": True})
-
-    app = web.Application()
-    app.router.add_post("/v1/internal/reserved", on_reserved)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    await web.TCPSite(runner, "127.0.0.1", port).start()
-    return runner, f"http://127.0.0.1:{port}"
-
-
 def _run_one(tmp_path: Path, first: int) -> None:
     async def go() -> None:
         reserved = asyncio.Event()
-        runner, peer = await _prefill_peer(reserved)
+        runner, peer = await reserved_peer(lambda _rid: reserved.set())
         svc = sim_service(tmp_path, "d0", Role.DECODE)
         await svc.start()
         try:
