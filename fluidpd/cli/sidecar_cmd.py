@@ -308,8 +308,10 @@ def _check_sglang_weights(args: argparse.Namespace) -> None:
     if args.sglang_load_format not in SAFETENSORS_LOAD_FORMATS:
         return
     root = Path(args.model_dir).expanduser()
-    pytorch = any(root.glob("*.bin")) or any(root.glob("*.pt"))
-    if args.sglang_load_format != "safetensors" and pytorch and not has_safetensors(root):
+    pytorch_only = not has_safetensors(root) and any(
+        f.suffix in (".bin", ".pt") for f in root.iterdir() if f.is_file()
+    )
+    if args.sglang_load_format != "safetensors" and pytorch_only:
         return  # SGLang's "auto" loads PyTorch checkpoints then; it checks them itself
     try:
         check_weights(args.model_dir)

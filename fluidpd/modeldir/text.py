@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Any
 
 from tokenizers import Tokenizer
@@ -107,6 +107,11 @@ class TokenText:
             except UnicodeDecodeError:
                 continue
         return out
+
+    @cached_property
+    def text_id_set(self) -> frozenset[int]:
+        """``text_ids`` as a set, computed once (membership tests per output id)."""
+        return frozenset(self.text_ids())
 
     def token_bytes(self, tid: int) -> bytes:
         cached = self._bytes.get(tid)

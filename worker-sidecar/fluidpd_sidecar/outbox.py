@@ -179,15 +179,14 @@ class Outbox(Streams):
         out, and which ids it produced (an id the served tokenizer cannot render streams no
         text, and clients time the first token by its text)."""
         ids = half.stream.output_ids
-        if self._texty is None:
-            self._texty = frozenset(self.text.text_ids())
+        texty = self.text.text_id_set
         req = half.req
-        first_text = next((i for i, x in enumerate(ids) if x in self._texty), -1)
+        first_text = next((i for i, x in enumerate(ids) if x in texty), -1)
         prompt = ",".join(map(str, half.half.prompt_ids)).encode()
         rec = {
             "rid": req.rid, "crc": f"{zlib.crc32(prompt):08x}", "prompt": req.prompt_len,
             "out": len(ids), "first_text_idx": first_text,
-            "text_tokens": sum(x in self._texty for x in ids), "arrival": req.arrival,
+            "text_tokens": sum(x in texty for x in ids), "arrival": req.arrival,
             "first_token_t": req.first_token_t, "first_text_t": half.first_text_t,
             "first_text_n": half.first_text_n, "finish_t": t, "ids": ids[:16],
         }  # fmt: skip

@@ -44,8 +44,6 @@ class ServiceState:
         self.engine = engine
         self.transfer = transfer
         self.text = text
-        #: Ids that add text by themselves (the decode trace's; computed on first use).
-        self._texty: frozenset[int] | None = None
         self.worker = Worker.create(
             cfg.worker_id, cfg.role, cfg.profile, cfg.slo, cfg.token_cfg, cfg.adaptive, time.time()
         )
