@@ -37,7 +37,6 @@ from fluidpd.replay.results import (
     load_series,
     write_replay_results,
 )
-from fluidpd.sim.plots import window_edges, write_plots
 from fluidpd.sim.policies import POLICY_NAMES
 from fluidpd.sim.report import report_text, series_key
 from fluidpd.sim.workloads import WORKLOAD_NAMES, Workload, build_workload
@@ -342,6 +341,10 @@ def _plots(
         if saved:
             by_key[series_key(r)] = saved
     by_key[series_key(records[-1])] = series
+    # matplotlib takes about 0.5 s to import; every `fluidpd` process (each sidecar, router
+    # and controller) imports this module, and only a run that plots needs it.
+    from fluidpd.sim.plots import window_edges, write_plots
+
     edges = {str(args.workload): window_edges(workload)}
     rates = {str(args.workload): float(args.rps)}
     for written in write_plots(out_dir, records, by_key, args.ttft_slo, edges, rates):

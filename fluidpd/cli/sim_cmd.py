@@ -34,7 +34,6 @@ from fluidpd.cli.policy_options import (
 )
 from fluidpd.core.pairing import PAIRINGS
 from fluidpd.profiles import resolve_profile
-from fluidpd.sim.plots import write_plots
 from fluidpd.sim.policies import POLICY_NAMES, AutoscaleConfig, parse_pd, parse_policies
 from fluidpd.sim.report import RUN_FILE, report_text, series_key, write_results
 from fluidpd.sim.robustness import (
@@ -260,6 +259,8 @@ def _plots(
             ]
     records = [o.record for o in outputs]
     ablation_rps = {str(r["workload"]): chosen for r in records}
+    from fluidpd.sim.plots import write_plots  # lazily, as in replay_cmd._plots
+
     for written in write_plots(out_dir, records, series, args.ttft_slo, edges, ablation_rps):
         print(f"plot: {written}")
 
