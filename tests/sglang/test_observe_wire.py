@@ -107,6 +107,9 @@ def test_command_line_passes_model_gpu_and_memory_through() -> None:
     cpu = server_command(SglangConfig(python="py", model_dir="/m", port=1, hook_port=2,  # type: ignore[arg-type]
                                       device="cpu"))  # fmt: skip
     assert "--disable-overlap-schedule" in cpu and "--device" in cpu
+    # A CPU scheduler sleeps when idle (it would spin on a core the forwards need); a GPU one
+    # keeps SGLang's default.
+    assert "--sleep-on-idle" in cpu and "--sleep-on-idle" not in argv
 
 
 def test_step_gauges_are_medians_by_kind() -> None:

@@ -21,7 +21,7 @@ from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from fluidpd_sidecar.sglang import fluidtoken_hook, roleswitch
+from fluidpd_sidecar.sglang import fluidtoken_hook, idle_wake, roleswitch
 
 PORT_ENV = "FLUIDPD_SGLANG_HOOK_PORT"
 #: Steps kept for the step-time window of a snapshot.
@@ -186,6 +186,7 @@ def install() -> None:
 
     _wrap_init(Scheduler)
     _wrap_run_batch(Scheduler)
+    idle_wake.install(Scheduler)
     fluidtoken_hook.install(Scheduler)
     if roleswitch.enabled():
         roleswitch.install(Scheduler)

@@ -44,6 +44,8 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
+from fluidpd_sidecar.sglang import idle_wake
+
 #: Set by the sidecar for a FluidRole worker (``server.py``); unset, nothing is changed.
 ENV = "FLUIDPD_SGLANG_FLUIDROLE"
 ROLES = ("prefill", "decode")
@@ -100,6 +102,7 @@ def submit(op: str, args: dict[str, Any], timeout_s: float = 120.0) -> tuple[int
         return 404, {"error": f"unknown command {op!r}"}
     cmd = _Command(op, args)
     _commands.put(cmd)
+    idle_wake.wake()  # an idle scheduler waits in a poll that this queue is not part of
     if not cmd.done.wait(timeout_s):
         return 504, {"error": f"the scheduler did not take the {op} command in {timeout_s:g} s"}
     return cmd.code, cmd.result

@@ -96,6 +96,10 @@ def server_command(cfg: SglangConfig) -> list[str]:
         # Overlap scheduling records CUDA events (SGLang 0.5.17's early send of a cached
         # prefix on a prefill server crashes on CPU with it); there is nothing to overlap.
         argv += ["--skip-server-warmup", "--disable-overlap-schedule"]
+        # An idle scheduler otherwise spins on its sockets, taking a core from every other
+        # process on the host, the model's own forward passes included (``idle_wake`` wakes it
+        # for FluidPD's commands).
+        argv += ["--sleep-on-idle"]
     else:
         # FA3's kernels are trimmed from the carried sglang-kernel wheel (scripts/gpu).
         argv += ["--attention-backend", "triton"]
