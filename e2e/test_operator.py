@@ -8,9 +8,7 @@ the fake kubelet runs the worker and router pods as local sidecar and router pro
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -18,9 +16,9 @@ from typing import Any
 import pytest
 import yaml
 
-from fluidpd.drills.load import LoadReport, OpenLoopLoad
 from harness import ControlPlane, wait_for
 from harness.controlplane import KubectlError
+from harness.load import MODEL, Load
 from harness.operator import (
     Operator,
     apply,
@@ -37,7 +35,6 @@ from harness.operator import (
 pytestmark = pytest.mark.k8s
 
 ROOT = Path(__file__).resolve().parents[1]
-MODEL = "llama-3.1-8b"
 ROLE = "fluidpd.io/role"
 
 
@@ -48,31 +45,6 @@ def deployment(name: str, **spec: Any) -> dict[str, Any]:
         "metadata": {"name": name},
         "spec": {"model": {"name": MODEL}, **spec},
     }
-
-
-class BackgroundLoad:
-    """An open-loop load through the router, in a thread, for ``duration_s``."""
-
-    def __init__(self, url: str, **kw: Any) -> None:
-        self.duration = kw.pop("duration_s")
-        self.load = OpenLoopLoad(url, MODEL, **kw)
-        self.report: LoadReport | None = None
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        self.report = asyncio.run(self.load.run(self.duration))
-
-    def __enter__(self) -> BackgroundLoad:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.thread.join(self.duration + 180)
-
-    def summary(self) -> dict[str, Any]:
-        self.thread.join(self.duration + 180)
-        assert self.report is not None, "the load never finished"
-        return self.report.summary(120.0)
 
 
 def restarts(pod: dict[str, Any]) -> int:
@@ -133,10 +105,10 @@ def _switching_deployment(name: str, **extra: Any) -> dict[str, Any]:
     return deployment(name, workers=4, prefill=1, fluidRole=role | extra)
 
 
-def _long_prompts(url: str, duration_s: float, **kw: Any) -> BackgroundLoad:
+def _long_prompts(url: str, duration_s: float, **kw: Any) -> Load:
     # Long prompts at a rate one prefill worker cannot sustain: its queue's PPI climbs.
     args: dict[str, Any] = {"rps": 12.0, "prompt_len": (3000, 6000), "max_tokens": (2, 8)}
-    return BackgroundLoad(url, duration_s=duration_s, **(args | kw))
+    return Load(url, duration_s=duration_s, **(args | kw))
 
 
 def test_workload_shift_switches_a_worker_in_place(
@@ -202,7 +174,7 @@ def test_operator_killed_mid_drain_completes_the_switch(
         decode = [w for w in router_workers(url).values() if w.get("role") == "decode"]
         return len(decode) == 3 and all(int(w.get("batch", 0)) >= 2 for w in decode)
 
-    long_outputs = BackgroundLoad(url, duration_s=50.0, rps=2.0, prompt_len=(100, 300),
+    long_outputs = Load(url, duration_s=50.0, rps=2.0, prompt_len=(100, 300),
                                   max_tokens=(300, 500), seed=1)  # fmt: skip
     with long_outputs:
         # Long outputs on every decode worker before prefill pressure builds: the victim is the
@@ -399,7 +371,7 @@ def test_capacity_fallback_scales_out_and_back_in(
         wait_for(lambda: len(router_workers(url)) == 3, timeout=30, what="the router follows")
     assert heavy.summary()["hung"] == 0
     # Light load while it scales back in: nothing may be dropped by the removal.
-    with BackgroundLoad(url, duration_s=30.0, rps=1.0, prompt_len=(100, 400),
+    with Load(url, duration_s=30.0, rps=1.0, prompt_len=(100, 400),
                         max_tokens=(20, 60), seed=2) as light:  # fmt: skip
         wait_for(lambda: events(cp, ns, "WorkerRemoved"), timeout=90, what="a WorkerRemoved")
         wait_for(lambda: len(worker_pods(cp, ns, name)) == 2, timeout=60, what="2 workers again")

@@ -13,8 +13,9 @@ import pytest
 
 from fluidpd.drills.load import Outcome
 from harness.drill_operator import summarize
+from harness.load import HANG_S
 from harness.operator import Operator
-from harness.operator_chaos import HANG_S, Kill, account
+from harness.operator_chaos import Kill, account
 
 E2E = Path(__file__).resolve().parents[1] / "e2e"
 

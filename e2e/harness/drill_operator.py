@@ -48,10 +48,10 @@ from fluidpd.cli.options import SEED_HELP, non_negative_int, positive_float, pos
 from harness.binaries import CONTROL_PLANE, ensure_binaries
 from harness.controlplane import ControlPlane
 from harness.kubelet import FakeKubelet
+from harness.load import HANG_S
 from harness.namespace import create_namespace, delete_namespace
 from harness.operator import Operator, install_crd
 from harness.operator_chaos import (
-    HANG_S,
     Deployment,
     Kill,
     account,

@@ -18,9 +18,7 @@ operator finishes, so a caller keeps what happened up to a timeout too.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -28,8 +26,9 @@ from typing import Any
 
 from kubernetes import client, watch
 
-from fluidpd.drills.load import LoadReport, OpenLoopLoad, Outcome
+from fluidpd.drills.load import Outcome
 from harness.controlplane import ControlPlane
+from harness.load import HANG_S, MODEL, Load
 from harness.operator import (
     Operator,
     admin_token,
@@ -42,10 +41,7 @@ from harness.operator import (
 )
 from harness.wait import wait_for
 
-MODEL = "llama-3.1-8b"
 RETIRE = "fluidpd.io/retire"
-#: A request taking longer than this counts as hung (the load's own request timeout).
-HANG_S = 120.0
 #: The scale-ins of one scale-in round: 6 workers (3P3D) down to 3, one kill each.
 SCALE_FROM = 6
 SCALE_TO = (5, 4, 3)
@@ -57,40 +53,6 @@ SWITCH_STAGES = (
     ("sidecar done, label stale", "decode", "migrate"),
 )
 SWITCH_WORKERS = 4
-
-
-class Load:
-    """Open-loop load through the router in a thread, until stopped."""
-
-    def __init__(self, url: str, **kw: Any) -> None:
-        self.load = OpenLoopLoad(url, MODEL, request_timeout_s=HANG_S, **kw)
-        self.report: LoadReport | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self._started = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        async def main() -> LoadReport:
-            self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
-            self._started.set()
-            return await self.load.run(3600.0, self._stop)
-
-        self.report = asyncio.run(main())
-
-    def start(self) -> Load:
-        self.thread.start()
-        self._started.wait(10)
-        return self
-
-    def stop(self) -> LoadReport:
-        """Stops sending and waits for the requests in flight (each ends by ``HANG_S``)."""
-        assert self._loop is not None and self._stop is not None
-        self._loop.call_soon_threadsafe(self._stop.set)
-        self.thread.join(HANG_S + 60)
-        if self.report is None:
-            raise RuntimeError("the load never finished")
-        return self.report
 
 
 @dataclass(slots=True)
