@@ -10,10 +10,13 @@
 PYTHON ?= python3
 VENV ?= .venv
 OUT ?= out/evaluate
-# Workers of the test run (pytest-xdist); most tests wait on real timers, not on the CPU.
-TEST_JOBS ?= 2
+# Workers of the test run (pytest-xdist). Three on two cores: many tests wait on real timers, on
+# the registry (tests/images) or on a server's start, so a third worker fills the idle CPU (a
+# warm run, 2026-12-03: pytest 14 min 45 s with two workers, 13 min 26 s with three).
+TEST_JOBS ?= 3
 
 VENV_PY := $(VENV)/bin/python
+FLUIDPD_CACHE := $(or $(FLUIDPD_CACHE_DIR),$(HOME)/.cache/fluidpd)
 # The images' pinned closures (make requirements) constrain the install, so the suite runs the
 # versions the images ship (tests/images checks it) on any machine, on any day.
 INSTALL := sh scripts/install-python-deps.sh $(VENV_PY)
@@ -73,8 +76,10 @@ lint: install-dev
 	ruff check .
 	ruff format --check fluidpd tests worker-sidecar operator scripts e2e conftest.py
 
+# mypy's cache is kept with the others: a fresh clone re-checks only what changed (33 s -> 3 s);
+# mypy validates every cached module against its source, so a stale cache costs only time.
 typecheck: install-dev
-	mypy fluidpd worker-sidecar/fluidpd_sidecar operator/fluidpd_operator e2e/harness
+	mypy --cache-dir $(FLUIDPD_CACHE)/mypy fluidpd worker-sidecar/fluidpd_sidecar operator/fluidpd_operator e2e/harness
 
 unit: install-dev testplane
 	@$(MAKE) --no-print-directory pytest

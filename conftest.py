@@ -1,4 +1,4 @@
-"""How pytest-xdist may spread the suite over processes (``make test`` runs ``pytest -n 2
+"""How pytest-xdist may spread the suite over processes (``make test`` runs ``pytest -n 3
 --dist loadgroup --no-loadscope-reorder``; without ``--dist loadgroup`` this file changes
 nothing; without ``--no-loadscope-reorder`` xdist hands out the modules with the most tests
 first, whatever the order below).

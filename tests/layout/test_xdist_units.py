@@ -1,4 +1,4 @@
-"""``make test``'s distribution (conftest.py): under ``-n 2 --dist loadgroup`` each test module
+"""``make test``'s distribution (conftest.py): under ``-n 3 --dist loadgroup`` each test module
 runs whole on one worker, so its module fixtures (a live stack, SGLang servers) start once."""
 
 from __future__ import annotations
