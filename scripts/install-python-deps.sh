@@ -12,7 +12,10 @@
 # Why uv installs from it: pip unpacks the 5.4 GB of wheels into every fresh .venv (75 s here);
 # uv (pinned, kept beside the wheelhouse, outside the venv so the venv holds exactly the
 # project's closure) unpacks each wheel once into its cache ($FLUIDPD_CACHE_DIR/uv) and links
-# the files into the venv (15 s the first time, 2 s after). Should uv fail, pip installs.
+# the files into the venv, then compiles the bytecode as pip does (25 s). The bytecode matters:
+# without it every process compiles what it imports, and those that may not write it (SGLang's
+# spawned workers run with -B) compile torch again each time (a whole warm run took 26 min
+# instead of 16). Should uv fail, pip installs.
 #
 # usage: install-python-deps.sh PYTHON SPEC
 set -eu
@@ -46,7 +49,7 @@ with_uv() {
     mv "$CACHE/uv-$UV_VERSION.$$" "$CACHE/uv-$UV_VERSION"
   fi
   # shellcheck disable=SC2086
-  UV_CACHE_DIR="$CACHE/uv" "$UV" pip install --quiet --python "$PY" --no-index --find-links "$W" \
+  UV_CACHE_DIR="$CACHE/uv" "$UV" pip install --quiet --compile-bytecode --python "$PY" --no-index --find-links "$W" \
     -e "$SPEC" $CONSTRAINTS
 }
 
