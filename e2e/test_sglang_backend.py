@@ -12,7 +12,6 @@ hostPath. No Degraded condition and no UnsupportedBackend Event: that path is go
 from __future__ import annotations
 
 import json
-import subprocess
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +20,7 @@ from typing import Any
 import pytest
 
 from fluidpd.modeldir.synthetic import write_model
-from harness import ControlPlane, FakeKubelet, wait_for
+from harness import ControlPlane, FakeKubelet, sglang_venv, wait_for
 from harness.images import image_definition
 from harness.operator import (
     Operator,
@@ -54,10 +53,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def sglang_python() -> str:
-    out = subprocess.run(["sh", str(ROOT / "scripts/sglang/mkvenv.sh")], capture_output=True,
-                         text=True, check=False, timeout=900)  # fmt: skip
-    assert out.returncode == 0, f"mkvenv.sh failed: {out.stderr[-2000:]}"
-    return out.stdout.strip().splitlines()[-1]
+    return sglang_venv.sglang_python()
 
 
 @pytest.fixture
