@@ -10,9 +10,9 @@ namespace or its own stack), so they are spread test by test and run side by sid
 then has its own test control plane (the fake kubelets lease pod addresses machine-wide, so two
 never collide).
 
-Work is handed out in collection order, so the order decides how well two workers are used:
+Work is handed out in collection order, so the order decides how well the workers are used:
 - test binaries built: the longest work first (``LONGEST``, from ``pytest --durations``), since
-  a long test started last leaves the other worker idle until it ends;
+  a long test started last leaves the other workers idle until it ends;
 - not built yet (a cold ``make test`` builds them in the background meanwhile): every test that
   needs none first, then the ones that do (``NEEDS_BINARIES``; they wait for the build).
 """
