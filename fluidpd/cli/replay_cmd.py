@@ -341,7 +341,7 @@ def _plots(
         if saved:
             by_key[series_key(r)] = saved
     by_key[series_key(records[-1])] = series
-    # matplotlib takes about 0.5 s to import; every `fluidpd` process (each sidecar, router
+    # matplotlib costs about 0.4 s of CPU to import; every `fluidpd` process (each sidecar, router
     # and controller) imports this module, and only a run that plots needs it.
     from fluidpd.sim.plots import window_edges, write_plots
 

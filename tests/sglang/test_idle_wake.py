@@ -29,8 +29,8 @@ class Scheduler:  # the two members idle_wake patches, as SGLang's Scheduler has
     def maybe_sleep_on_idle(self):
         self.idle_sleeper.maybe_sleep()
 
-class NoSleeper(Scheduler):  # launched without --sleep-on-idle: SGLang makes no sleeper
-    pass
+class NoSleeper(Scheduler):
+    'Launched without --sleep-on-idle: SGLang makes no sleeper.'
 
 idle_wake.install(Scheduler)
 idle_wake.install(NoSleeper)
