@@ -24,6 +24,7 @@ from fluidpd.cli import (
 )
 from fluidpd.cli.errors import UserError
 from fluidpd.cli.help_format import HelpFormatter
+from fluidpd.cli.router_cmd import keep_torch_out
 from fluidpd.profiles import ProfileError, available_profiles
 from fluidpd.sim.policies import PolicyError
 from fluidpd.sim.workloads import WorkloadError
@@ -80,5 +81,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
+def process_main() -> int:
+    """``fluidpd`` as a process of its own (the console script, ``python -m``). Settings that
+    hold for the whole process are made here, not in ``main``, which other programs (the
+    tests) call in their own process."""
+    if sys.argv[1:2] == ["router"]:
+        keep_torch_out()
+    return main()
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(process_main())
