@@ -27,12 +27,7 @@ from xdist.scheduler import LoadScopeScheduling
 
 from harness.binaries import binaries_ready
 
-#: tests/images: its four pip resolutions against the registry took 54-77 s each, 254 s in all,
-#: one after another (``pytest --durations=12 -p no:xdist tests/images``, 2026-12-02, niced on a
-#: loaded 2-core machine); each has its own tmp_path, and waiting on the registry needs no core.
-SPLIT = frozenset(
-    {"e2e/test_operator.py", "tests/serve/test_drills.py", "tests/images/test_dockerfiles.py"}
-)
+SPLIT = frozenset({"e2e/test_operator.py", "tests/serve/test_drills.py"})
 LONGEST = (
     # Real SGLang servers on CPU (60-150 s each to start on two cores, several times that
     # when they start together under load). The text, protocol, observable, FluidToken (every
@@ -49,7 +44,6 @@ LONGEST = (
     "tests/monitoring/test_dashboards.py",
     "tests/serve/test_drills.py",
     "tests/serve/test_schemathesis.py",
-    "tests/images/test_dockerfiles.py",
     "tests/serve/test_retire.py",
     "tests/serve/test_controller.py",
     "e2e/test_controlplane.py",
