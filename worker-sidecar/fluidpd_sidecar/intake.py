@@ -104,7 +104,7 @@ class Intake(Outbox):
         if half.rid in self.decode_halves:
             raise Conflict(f"request {half.rid} is already here")
         state = self._decode_state(half)
-        self.decode_halves[half.rid] = state
+        self._add_decode_half(state)
         self.worker.decode.add(state.req)
         log_admitted(half)
         self._dispatch()

@@ -81,7 +81,7 @@ class Migration(Intake):
                 self.engine.release(half.rid)
                 raise Conflict(f"no KV transport room for request {half.rid}")
         state.started = True
-        self.decode_halves[half.rid] = state
+        self._add_decode_half(state)
         log.info("request %d adopted (migrating in after %d tokens)", half.rid, body.generated)
         return state.dest
 

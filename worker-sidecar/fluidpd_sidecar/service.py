@@ -39,6 +39,8 @@ from fluidpd_sidecar.roles import Roles
 from fluidpd_sidecar.transfer import KVTransfer
 
 log = logging.getLogger("fluidpd.sidecar")
+#: How often expired bootstrap reservations, unclaimed halves and retirements are swept, s.
+SWEEP_S = 1.0
 
 #: The names the HTTP layer, the CLI and the tests import from here.
 __all__ = ["BadRequest", "Conflict", "NotFound", "SidecarConfig", "SidecarService", "check_half"]
@@ -118,11 +120,18 @@ class SidecarService(Roles):
         sent as they happen)."""
         last_sweep = 0.0
         while not self._stopping:
-            await asyncio.sleep(self.cfg.stream_interval_s)
+            if self.decode_halves:
+                await asyncio.sleep(self.cfg.stream_interval_s)
+            else:
+                # Nothing streams: sleep until a decode half arrives or the sweeps are due,
+                # instead of waking 20 times a second for nothing.
+                self._streaming.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._streaming.wait(), SWEEP_S)
             now = time.time()
             for half in list(self.decode_halves.values()):
                 self._emit(half, now)
-            if now - last_sweep >= 1.0:
+            if now - last_sweep >= SWEEP_S:
                 last_sweep = now
                 self._expire_bootstrap(now)
                 self.expire_unclaimed(now)

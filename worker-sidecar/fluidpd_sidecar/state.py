@@ -76,6 +76,8 @@ class ServiceState:
         #: A retirement nobody completed (the worker was not deleted) ends at this time.
         self._retire_until = float("inf")
         self._wake = asyncio.Event()
+        #: Set when a decode half arrives: the stream flusher sleeps while none streams.
+        self._streaming = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[None]] = set()
         self._stopping = False
@@ -87,6 +89,10 @@ class ServiceState:
 
     def wake(self) -> None:
         self._wake.set()
+
+    def _add_decode_half(self, state: DecodeState) -> None:
+        self.decode_halves[state.req.rid] = state
+        self._streaming.set()
 
     # -- what ``outbox`` (a layer above) does, for the layers below it ------------------------
     def _dispatch(self) -> None:
