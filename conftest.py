@@ -6,9 +6,13 @@ first, whatever the order below).
 A group runs on one worker, in collection order. Every test module is one group, so a module's
 fixtures (a live stack, Prometheus, a Helm release) start once and its tests keep their order.
 The modules in ``SPLIT`` hold long tests that are independent of each other (each makes its own
-namespace or its own stack), so they are spread test by test and run side by side; each worker
-then has its own test control plane (the fake kubelets lease pod addresses machine-wide, so two
-never collide).
+namespace or its own stack), so they are spread test by test and run side by side. With the test
+binaries built, the e2e modules are one group instead (``E2E``): one worker runs them all on one
+test control plane, where three workers had each started one (a control plane costs tens of
+CPU-seconds over a run, and the machine is CPU-bound; the e2e group's 9-10 minutes fit beside the
+other workers' share). Without the binaries (a cold run builds them meanwhile) the e2e tests
+wait for the build, so they are spread instead, each worker with its own control plane (the
+fake kubelets lease pod addresses machine-wide, so two never collide).
 
 Work is handed out in collection order, so the order decides how well the workers are used:
 - test binaries built: the longest work first (``LONGEST``, from ``pytest --durations``), since
@@ -28,6 +32,7 @@ from xdist.scheduler import LoadScopeScheduling
 from harness.binaries import binaries_ready
 
 SPLIT = frozenset({"e2e/test_operator.py", "tests/serve/test_drills.py"})
+E2E = "e2e/"
 LONGEST = (
     # Real SGLang servers on CPU (60-150 s each to start on two cores, several times that
     # when they start together under load). The text, protocol, observable, FluidToken (every
@@ -48,7 +53,7 @@ LONGEST = (
     "tests/serve/test_controller.py",
     "e2e/test_controlplane.py",
 )
-NEEDS_BINARIES = ("e2e/", "tests/helm/", "tests/monitoring/test_dashboards.py")
+NEEDS_BINARIES = (E2E, "tests/helm/", "tests/monitoring/test_dashboards.py")
 
 
 def _module(item: pytest.Item) -> str:
@@ -71,7 +76,8 @@ def _loadgroup(config: pytest.Config) -> bool:
 
 
 class _ModuleScheduling(LoadScopeScheduling):
-    """One unit per module, except the modules in ``SPLIT`` (one unit per test). Decided here
+    """One unit per module, except the modules in ``SPLIT`` (one unit per test) and, with the
+    test binaries built, the e2e modules (one unit together). Decided here
     from the node id instead of by ``xdist_group`` marks: xdist appends a mark's group to the
     node id only in its own collection hook, after which its scheduler splits it off again, and
     that hook ran before any conftest could add the marks, so every test was its own unit (a
@@ -79,6 +85,8 @@ class _ModuleScheduling(LoadScopeScheduling):
 
     def _split_scope(self, nodeid: str) -> str:
         module = nodeid.split("::", 1)[0]
+        if module.startswith(E2E) and _ready():
+            return E2E
         return nodeid if module in SPLIT else module
 
 
