@@ -256,12 +256,15 @@ def test_decode_half_streams_plain_sglang_ids(up: Up) -> None:
     decode half once it decodes, and cancels one that has not started."""
     ids = [(11 * i) % 700 + 30 for i in range(40)]
     ref = _plain_ids(up, ids, 24)
+    # Long enough that the abort sent at the first streamed ids arrives while the half still
+    # decodes (with 24 tokens, once in a full run, the half had ended first: nothing to spare).
+    new = 200
     rid, idle_rid = 4242, 4343
     prefill, decode = up.workers["w0"], up.workers[DECODE]
 
     def half(rid: int) -> dict[str, object]:
         return {"rid": rid, "prompt_ids": ids, "arrival": time.time(),
-                "sampling": {"max_new_tokens": 24, "temperature": 0.0, "ignore_eos": True},
+                "sampling": {"max_new_tokens": new, "temperature": 0.0, "ignore_eos": True},
                 "prefill_worker": "w0", "prefill_url": prefill}  # fmt: skip
 
     got: list[int] = []
@@ -300,7 +303,7 @@ def test_decode_half_streams_plain_sglang_ids(up: Up) -> None:
     assert last == "done" and spared
     # The reference stops at an EOS; with ignore_eos the decode half goes on past it.
     assert got[: len(ref)] == ref
-    assert len(got) == 24
+    assert len(got) == new
     log = (up.run_dir / f"{DECODE}.log").read_text(errors="replace")
     assert f"request {rid}: abort ({why}) ignored" in log
     assert idle == ["cancelled"] and found
