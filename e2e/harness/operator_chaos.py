@@ -205,13 +205,16 @@ def _kill_when_retiring(
     selector = f"fluidpd.io/deployment={dep.name},app.kubernetes.io/component=worker"
     w = watch.Watch()
     try:
+        # Plain JSON, not the client's models: building those took long enough per pod (the
+        # watch's first events are every existing pod) that an idle victim, drained at once,
+        # was once deleted before the kill landed.
         for ev in w.stream(core.list_namespaced_pod, dep.ns, label_selector=selector,
-                           timeout_seconds=120):  # fmt: skip
-            pod = ev["object"]
-            gone = pod.metadata.deletion_timestamp or pod.metadata.name in done
-            if not gone and RETIRE in (pod.metadata.annotations or {}):
+                           timeout_seconds=120, deserialize=False):  # fmt: skip
+            meta = ev["object"]["metadata"]
+            gone = meta.get("deletionTimestamp") or meta["name"] in done
+            if not gone and RETIRE in (meta.get("annotations") or {}):
                 operator.kill()
-                return str(pod.metadata.name), time.time()
+                return str(meta["name"]), time.time()
     finally:
         w.stop()
     raise TimeoutError("no worker pod got the retire annotation within 120 s")
