@@ -174,21 +174,22 @@ def _resolve(req: Path, tmp_path: Path) -> dict[str, str]:
     uv = _uv()
     if uv is not None:
         out = tmp_path / "resolved.txt"
-        cmd = [str(uv), "pip", "compile", "--quiet", "--no-header", "--no-annotate",
-               "--python", sys.executable, "--cache-dir", str(uv.parents[2] / "uv"),
-               "-o", str(out), str(req)]  # fmt: skip
-    else:
-        out = tmp_path / "report.json"
-        cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--ignore-installed",
-               "--disable-pip-version-check", "--report", str(out), "-r", str(req)]  # fmt: skip
-    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr
-    if uv is not None:
+        _run([str(uv), "pip", "compile", "--quiet", "--no-header", "--no-annotate",
+              "--python", sys.executable, "--cache-dir", str(uv.parents[2] / "uv"),
+              "-o", str(out), str(req)])  # fmt: skip
         return pins(out)
+    out = tmp_path / "report.json"
+    _run([sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--ignore-installed",
+          "--disable-pip-version-check", "--report", str(out), "-r", str(req)])  # fmt: skip
     return {
         canonical(i["metadata"]["name"]): i["metadata"]["version"]
         for i in json.loads(out.read_text())["install"]
     }
+
+
+def _run(cmd: list[str]) -> None:
+    proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
 
 
 @pytest.mark.slow
