@@ -67,11 +67,13 @@ def spawn(
     death_signal: signal.Signals = signal.SIGTERM,
     new_session: bool = False,
     stdin: int | None = None,
+    pass_fds: Sequence[int] = (),
 ) -> subprocess.Popen[bytes]:
     """Start ``argv`` with stdout and stderr in ``log_path`` (appended to, or truncated when
     not ``append``), getting ``death_signal`` when the calling thread dies (spawn from a thread
     that lives as long as the child should). ``new_session``: its own process group, so a
-    launcher can signal what it starts in turn."""
+    launcher can signal what it starts in turn. ``pass_fds``: descriptors the child inherits
+    (a listening socket, ``fluidpd.listeners``)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     # The child has its own copy of the descriptor: the launcher's can close at once.
     with log_path.open("ab" if append else "wb") as log:
@@ -83,6 +85,7 @@ def spawn(
             env=dict(env) if env is not None else None,
             cwd=cwd,
             start_new_session=new_session,
+            pass_fds=tuple(pass_fds),
             preexec_fn=die_with_parent(death_signal),  # noqa: PLW1509
         )
 

@@ -114,7 +114,8 @@ def test_first_hour_options_say_what_they_do(command: str) -> None:
 
 def test_up_help_shows_defaults_and_policy_names() -> None:
     text = " ".join(_help_of(("up",)).split())
-    assert "port of the router (the OpenAI API) (default: 8000)" in text
+    assert "port of the router (the OpenAI API); 0: any free port" in text
+    assert "workers files name them once it is up) (default: 8000)" in text
     assert "{static,fluidtoken,fluidrole,fluidpd}" in text
     assert "static: fixed split" in text
     assert "(default: fluidpd)" in text

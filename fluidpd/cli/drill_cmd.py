@@ -209,13 +209,9 @@ def run_chaos(args: argparse.Namespace) -> int:
         run_dir = Path(args.run_dir) if args.run_dir else Path(tmp) / "stack"
         if args.run_dir and run_dir.exists() and any(run_dir.iterdir()):
             raise UserError(f"--run-dir: {run_dir} is not empty")
-        stack = LocalStack(run_dir, args.pd, "fluidpd", "--ready-timeout", "300")
-        ports = {int(u.rsplit(":", 1)[1]) for u in (stack.endpoint, *stack.workers.values())}
         metrics_port = free_port_block(1)
-        while metrics_port in ports:
-            metrics_port = free_port_block(1)
-        stack.argv += ["--controller-metrics-port", str(metrics_port)]
-        with stack:
+        metrics = ("--controller-metrics-port", str(metrics_port))
+        with LocalStack(run_dir, args.pd, "fluidpd", "--ready-timeout", "300", *metrics) as stack:
             result = asyncio.run(
                 chaos_drill(
                     run_dir, stack.endpoint, stack.workers, stack.token, "llama-3.1-8b",

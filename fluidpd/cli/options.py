@@ -70,6 +70,14 @@ def non_negative_int(text: str) -> int:
     return int(_number(text, int, allow_zero=True))
 
 
+def port_number(text: str) -> int:
+    """A TCP port, 0-65535 (0: any free port, where an option allows it)."""
+    value = non_negative_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"must be a port (0-65535), got {text!r}")
+    return value
+
+
 def steal_ratio(text: str) -> float:
     """A stealing ratio beta in [0, 1]."""
     value = non_negative_float(text)
@@ -131,10 +139,13 @@ def configure_logging(log_level: str, tag: str) -> None:
 
 def serve_http(app: Any, args: argparse.Namespace) -> None:
     """Serve an ASGI app the way every FluidPD HTTP process does (uvloop, httptools, no access
-    log: the request path is the hot path)."""
+    log: the request path is the hot path), on the listening socket a launcher handed over
+    (``fluidpd up``) or else on ``--host``/``--port``."""
     import uvicorn
 
-    uvicorn.run(
+    from fluidpd import listeners
+
+    config = uvicorn.Config(
         app,
         host=args.host,
         port=args.port,
@@ -147,6 +158,11 @@ def serve_http(app: Any, args: argparse.Namespace) -> None:
         # closing fails with "Server disconnected" (uvicorn's default is 5 s).
         timeout_keep_alive=75,
     )
+    sock = listeners.inherited()
+    server = uvicorn.Server(config)
+    server.run(sockets=None if sock is None else [sock])
+    if not server.started:  # as uvicorn.run: a server that could not start is a failed process
+        sys.exit(3)
 
 
 def add_model_dir_option(parser: argparse.ArgumentParser) -> None:

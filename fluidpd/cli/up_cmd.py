@@ -13,13 +13,14 @@ import os
 import secrets
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from fluidpd import procs
+from fluidpd import listeners, procs
 from fluidpd.api.commands import (
     ENGINES,
     TRANSFERS,
@@ -42,6 +43,7 @@ from fluidpd.cli.options import (
     check_cuda_ipc,
     check_gpu_devices,
     load_model_dir_option,
+    port_number,
     positive_int,
     steal_ratio,
 )
@@ -84,13 +86,18 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--profile", default=None, help=PROFILE_HELP)
     p.add_argument("--host", default="127.0.0.1", help="address the router listens on")
     p.add_argument(
-        "--port", type=positive_int, default=8000, help="port of the router (the OpenAI API)"
+        "--port",
+        type=port_number,
+        default=8000,
+        help="port of the router (the OpenAI API); 0: any free port, and the sidecars too "
+        "(the run directory's endpoint and workers files name them once it is up)",
     )
     p.add_argument(
         "--base-port",
         type=positive_int,
         default=None,
-        help="first sidecar port (default: --port + 101)",
+        help="first sidecar port, the others follow it (default: --port + 101; with --port 0, "
+        "free ports)",
     )
     p.add_argument("--run-dir", default=None, help="logs go here (default runs/up-<time>)")
     add_float(p, "--noise", 0.05, "sim engine: log-normal noise on step times", allow_zero=True)
@@ -178,12 +185,28 @@ class Stack:
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
         self.procs: list[tuple[str, subprocess.Popen[bytes]]] = []
+        self._reported: set[str] = set()
 
-    def start(self, name: str, argv: list[str], env: dict[str, str]) -> None:
+    def start(
+        self,
+        name: str,
+        argv: list[str],
+        env: dict[str, str],
+        listener: socket.socket | None = None,
+    ) -> None:
+        """Start ``fluidpd <argv>`` as ``name``; it serves on ``listener``, which this process
+        then closes (the child holds the port alone: when it dies, the port refuses)."""
         cmd = [sys.executable, "-m", "fluidpd.cli.main", *argv]
         (self.run_dir / f"{name}.cmd").write_text(shlex.join(cmd) + "\n")
+        fds: tuple[int, ...] = ()
+        if listener is not None:
+            env = {**env, **listeners.handoff_env(listener)}
+            fds = (listener.fileno(),)
         # `up` starts no threads, so a pre-exec hook is safe here.
-        proc = procs.spawn(cmd, self.run_dir / f"{name}.log", env=env, append=False)
+        log = self.run_dir / f"{name}.log"
+        proc = procs.spawn(cmd, log, env=env, append=False, pass_fds=fds)
+        if listener is not None:
+            listener.close()
         (self.run_dir / f"{name}.pid").write_text(f"{proc.pid}\n")
         self.procs.append((name, proc))
 
@@ -194,20 +217,35 @@ class Stack:
     def dead(self) -> list[str]:
         return [name for name, proc in self.procs if proc.poll() is not None]
 
+    def _exit_line(self, name: str, proc: subprocess.Popen[bytes]) -> str:
+        """``name`` exited: its status and its log's last line."""
+        lines = (self.run_dir / f"{name}.log").read_text(errors="replace").splitlines()
+        last = next((line.strip() for line in reversed(lines) if line.strip()), "")
+        return f"{name} exited with status {proc.returncode}: {last}"
+
     def not_up(self, pending: list[str]) -> str:
         """Why the stack did not come up, in one line: each process that exited, with its
         status and its log's last line (a sidecar whose engine could not start says why
         there), else what never answered."""
-        why = []
-        for name, proc in self.procs:
-            if proc.poll() is None:
-                continue
-            lines = (self.run_dir / f"{name}.log").read_text(errors="replace").splitlines()
-            last = next((line.strip() for line in reversed(lines) if line.strip()), "")
-            why.append(f"{name} exited with status {proc.returncode}: {last}")
+        why = [self._exit_line(name, proc) for name, proc in self.procs if proc.poll() is not None]
         if not why:
             why = [f"no answer from {', '.join(pending)}"]
         return f"the stack did not come up ({'; '.join(why)}); see the logs in {self.run_dir}"
+
+    def report_exits(self) -> None:
+        """Once up, say on stdout when a part exits (the others keep serving: the router drops
+        a dead worker), so that a run's output tells what happened to it."""
+        for name, proc in self.procs:
+            if name not in self._reported and proc.poll() is not None:
+                self._reported.add(name)
+                print(f"{self._exit_line(name, proc)} (see {name}.log)", flush=True)
+
+
+def _bind(option: str, host: str, port: int) -> socket.socket:
+    try:
+        return listeners.bind(host, port)
+    except OSError as exc:
+        raise UserError(f"{option}: cannot listen on {exc.strerror}") from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -232,10 +270,20 @@ def run(args: argparse.Namespace) -> int:
         check_gpu_devices(devices)
     if args.kv_transfer == "cuda-ipc":
         check_cuda_ipc(devices)
-    base_port = args.base_port or args.port + 101
-    ports = list(range(base_port, base_port + n_prefill + n_decode))
-    if args.port in ports:
+    n_workers = n_prefill + n_decode
+    if args.base_port:
+        wanted = list(range(args.base_port, args.base_port + n_workers))
+    elif args.port == 0:
+        wanted = [0] * n_workers
+    else:
+        wanted = list(range(args.port + 101, args.port + 101 + n_workers))
+    if args.port and args.port in wanted:
         raise UserError("--base-port: sidecar ports would include the router's --port")
+    # Every port is bound here, before anything starts, and handed to its process.
+    router_socket = _bind("--port", args.host, args.port)
+    worker_sockets = [_bind("--base-port", args.host, port) for port in wanted]
+    ports = [listeners.port_of(sock) for sock in worker_sockets]
+    router_port = listeners.port_of(router_socket)
     run_dir = Path(args.run_dir or f"runs/up-{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir.mkdir(parents=True, exist_ok=True)
     token = args.admin_token or secrets.token_urlsafe(16)
@@ -293,15 +341,15 @@ def run(args: argparse.Namespace) -> int:
                 ),
             )
             argv = ["sidecar", *sidecar.argv()]
-            stack.start(wid, argv, env)
+            stack.start(wid, argv, env, worker_sockets[i])
             workers.append(f"{wid}=http://{args.host}:{port}")
         router = RouterCommand(
-            args.host, args.port, model, pairing=args.pairing,
+            args.host, router_port, model, pairing=args.pairing,
             first_token_timeout=args.first_token_timeout, log_level=args.log_level,
             workers=tuple(workers),
         )  # fmt: skip
-        stack.start("router", ["router", *router.argv()], env)
-        endpoint = f"http://{args.host}:{args.port}"
+        stack.start("router", ["router", *router.argv()], env, router_socket)
+        endpoint = f"http://{args.host}:{router_port}"
         wait_s = args.ready_timeout
         if args.engine == "sglang":  # SGLang's start (minutes) has its own limit
             wait_s = max(wait_s, args.sglang_start_timeout)
@@ -328,16 +376,23 @@ def run(args: argparse.Namespace) -> int:
                 ctl += ["--metrics-host", args.host, "--metrics-port", metrics_port]
             stack.start("controller", ctl, env)
         served = profile.model if args.profile else args.model
+        consecutive = ports == list(range(ports[0], ports[0] + len(ports)))
+        on = f"{ports[0]}-{ports[-1]}" if consecutive else ", ".join(map(str, ports))
         print(
             f"FluidPD is up: {endpoint} (OpenAI API; model {served})\n"
-            f"  {args.pd} {args.policy}, sidecars on ports {ports[0]}-{ports[-1]}, "
+            f"  {args.pd} {args.policy}, sidecars on ports {on}, "
             f"logs in {run_dir}\n  admin token (Authorization: Bearer ...) in "
             f"{token_file}{'' if args.admin_token else f': {token}'}\n"
             "  Ctrl-C stops everything.",
             flush=True,
         )
-        (run_dir / "endpoint").write_text(endpoint + "\n")
+        # For programs that start `up` (the drills' stack): the workers as the router's --worker
+        # takes them, then the endpoint, whose file appearing means "up" (written whole).
+        (run_dir / "workers").write_text("".join(f"{w}\n" for w in workers))
+        (run_dir / "endpoint.tmp").write_text(endpoint + "\n")
+        (run_dir / "endpoint.tmp").replace(run_dir / "endpoint")
         while not stopping:
+            stack.report_exits()
             time.sleep(0.2)
     finally:
         stack.stop()

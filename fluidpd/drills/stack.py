@@ -41,6 +41,13 @@ def wait_http(url: str, timeout: float) -> None:
         raise TimeoutError(f"{url} did not answer within {timeout:g} s")
 
 
+def urls_of(run_dir: Path) -> tuple[str, dict[str, str]]:
+    """The router's URL and the workers' by id, as a ``fluidpd up`` that is up wrote them
+    into its run directory (``endpoint`` appears last)."""
+    lines = (run_dir / "workers").read_text().split()
+    return (run_dir / "endpoint").read_text().strip(), dict(x.split("=", 1) for x in lines)
+
+
 #: Seconds a component of a local stack may take to answer its health check: on the shared
 #: 2-core machine at load 13-17, `fluidpd up`'s default 60 s left workers behind (issue #14's
 #: live Azure slice did not start twice).
@@ -48,7 +55,11 @@ READY_TIMEOUT_S = 300
 
 
 class LocalStack:
-    """``with LocalStack(run_dir, "3P3D", "fluidpd") as stack:`` - endpoint, worker URLs, pids."""
+    """``with LocalStack(run_dir, "3P3D", "fluidpd") as stack:`` - endpoint, worker URLs, pids.
+
+    ``fluidpd up`` picks free ports itself (``--port 0``) and holds each from the moment it
+    binds it: a block chosen here and bound by the children later could be taken in between by
+    another stack starting beside this one."""
 
     def __init__(
         self,
@@ -58,19 +69,15 @@ class LocalStack:
         *extra: str,
         token: str = "local-drill",
     ) -> None:
-        p, d = pd.upper().rstrip("D").split("P")
-        self.n = int(p) + int(d)
         self.run_dir = run_dir
         self.token = token
-        base = free_port_block(self.n + 1)
-        self.endpoint = f"http://127.0.0.1:{base}"
-        self.workers = {f"w{i}": f"http://127.0.0.1:{base + 1 + i}" for i in range(self.n)}
+        self.endpoint = ""  # known once entered
+        self.workers: dict[str, str] = {}
         exe = shutil.which("fluidpd")
         cmd = [exe] if exe else [sys.executable, "-m", "fluidpd.cli.main"]
         self.argv = [
-            *cmd, "up", "--pd", pd, "--policy", policy, "--port", str(base),
-            "--base-port", str(base + 1), "--run-dir", str(run_dir),
-            "--ready-timeout", str(READY_TIMEOUT_S), *extra,
+            *cmd, "up", "--pd", pd, "--policy", policy, "--port", "0",
+            "--run-dir", str(run_dir), "--ready-timeout", str(READY_TIMEOUT_S), *extra,
         ]  # fmt: skip
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -79,19 +86,35 @@ class LocalStack:
 
     def __enter__(self) -> LocalStack:
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "endpoint").unlink(missing_ok=True)
         out = (self.run_dir / "up.out").open("wb")
         env = {**os.environ, "FLUIDPD_ADMIN_TOKEN": self.token}
         self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, env=env)
         try:
-            # Generous: on a loaded machine six Python processes take a while to import.
-            wait_http(f"{self.endpoint}/healthz", READY_TIMEOUT_S)
+            self._wait_up(self.proc)
+            # `up` waited for its workers' health; "ready" (active in a role) is one step on.
             for url in self.workers.values():
                 wait_http(f"{url}/readyz", READY_TIMEOUT_S)
             time.sleep(1.0)  # the router's first poll of every worker
-        except TimeoutError:
+        except (TimeoutError, RuntimeError) as exc:
             self.stop()
-            raise RuntimeError(f"the stack did not start; see {self.run_dir}/up.out") from None
+            raise RuntimeError(
+                f"the stack did not start ({exc}); see {self.run_dir}/up.out"
+            ) from None
         return self
+
+    def _wait_up(self, proc: subprocess.Popen[bytes]) -> None:
+        """Until ``up`` writes its endpoint (it is up) or exits (it says why in up.out)."""
+        endpoint = self.run_dir / "endpoint"
+        # `up` gives up on its own after READY_TIMEOUT_S; the margin covers its own start.
+        deadline = time.monotonic() + READY_TIMEOUT_S + 60
+        while not endpoint.exists():
+            if proc.poll() is not None:
+                raise RuntimeError(f"fluidpd up exited with status {proc.returncode}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"fluidpd up was not up within {READY_TIMEOUT_S + 60} s")
+            time.sleep(0.1)
+        self.endpoint, self.workers = urls_of(self.run_dir)
 
     def stop(self) -> list[str]:
         """Stops the stack; returns the components that outlived it (should be none)."""

@@ -42,6 +42,7 @@ import pytest
 from openai import AsyncOpenAI, OpenAI
 
 from fluidpd.api.sampling import SamplingParams
+from fluidpd.drills.stack import urls_of
 from fluidpd.modeldir.model_dir import load_model_dir
 from fluidpd.modeldir.text import TokenText
 from fluidpd_sidecar.sglang.server import SglangConfig, SglangServer
@@ -102,14 +103,14 @@ def up(
     sglang_python: str, tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Up]:
     run_dir = tmp_path_factory.mktemp("sglang-up")
-    port, base, plain_port, hook = _free_ports(4)
+    plain_port, hook = _free_ports(2)
     # Static: no controller switches roles behind the tests' backs (FluidRole's test switches
     # them itself), and FluidToken is forced per test through the admin route.
     cmd = [
         sys.executable, "-m", "fluidpd.cli.main", "up", "--engine", "sglang", "--pd", "2P1D",
         "--policy", "static", "--device", "cpu", "--model-dir", str(tiny_llama_dir),
         "--sglang-python", sglang_python, "--sglang-max-total-tokens", str(MAX_TOKENS),
-        "--sglang-start-timeout", str(START_S), "--port", str(port), "--base-port", str(base),
+        "--sglang-start-timeout", str(START_S), "--port", "0",
         "--run-dir", str(run_dir), "--admin-token", TOKEN, "--sglang-dtype", DTYPE,
         "--sglang-prefill-window", str(WINDOW),
         # SGLang on 2 shared CPU cores takes tens of seconds for a burst's first tokens (the
@@ -137,8 +138,7 @@ def up(
             waited = time.monotonic() - t0
             assert waited < START_S + 120, f"not up in {waited:.0f} s:\n{_tails(run_dir)}"
             time.sleep(1.0)
-        workers = {f"w{i}": f"http://127.0.0.1:{base + i}" for i in range(3)}
-        yield Up(f"http://127.0.0.1:{port}", workers, run_dir, tiny_llama_dir, plain)
+        yield Up(*urls_of(run_dir), run_dir, tiny_llama_dir, plain)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
