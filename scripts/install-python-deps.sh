@@ -18,12 +18,19 @@
 # instead of 16). Should uv fail, pip installs.
 #
 # usage: install-python-deps.sh PYTHON SPEC
+#        install-python-deps.sh --uv   (prints the uv it installs with and uv's cache directory,
+#                                       one a line; nothing before the first install)
 set -eu
+UV_VERSION=0.9.30
+CACHE="${FLUIDPD_CACHE_DIR:-$HOME/.cache/fluidpd}"
+UV="$CACHE/uv-$UV_VERSION/bin/uv"
+if [ "${1:-}" = --uv ]; then
+  if [ -x "$UV" ]; then printf '%s\n%s\n' "$UV" "$CACHE/uv"; fi
+  exit 0
+fi
 PY=$1
 SPEC=$2
-UV_VERSION=0.9.30
 CONSTRAINTS="-c requirements/operator.txt -c requirements/sidecar-gpu.txt"
-CACHE="${FLUIDPD_CACHE_DIR:-$HOME/.cache/fluidpd}"
 # What decides the closure: the dependency tables of pyproject.toml (not its tool settings, whose
 # edits would otherwise send every run back to the registry) and the pins.
 deps=$("$PY" -c 'import json, tomllib
@@ -34,7 +41,6 @@ key=$(printf '%s\n%s\n' "$deps" "$UV_VERSION" | cat - requirements/operator.txt 
 ROOT="$CACHE/wheels"
 W="$ROOT/$key"
 stamp="$W/.complete-$(printf %s "$SPEC" | tr -c 'a-z0-9' _)"
-UV="$CACHE/uv-$UV_VERSION/bin/uv"
 
 with_pip() {
   # shellcheck disable=SC2086

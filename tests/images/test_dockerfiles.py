@@ -8,7 +8,6 @@ exactly themselves (a complete closure); hadolint lints every Dockerfile."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -155,15 +154,14 @@ def test_requirements_cover_pyproject() -> None:
     assert [line for line in ranged if not line.startswith("#")] == project["dependencies"]
 
 
-def _uv() -> Path | None:
-    """The uv that ``make`` installs with (``scripts/install-python-deps.sh``, pinned there);
-    None where that script fell back to pip."""
-    script = (ROOT / "scripts/install-python-deps.sh").read_text()
-    match = re.search(r"^UV_VERSION=([0-9.]+)$", script, re.M)
-    assert match, "install-python-deps.sh pins no uv version"
-    cache = Path(os.environ.get("FLUIDPD_CACHE_DIR", Path.home() / ".cache/fluidpd"))
-    uv = cache / f"uv-{match[1]}" / "bin" / "uv"
-    return uv if uv.exists() else None
+def _uv() -> tuple[str, str] | None:
+    """The uv that ``make`` installs with and its cache directory, as
+    ``scripts/install-python-deps.sh`` (which pins it) names them; None where that script
+    fell back to pip."""
+    script = str(ROOT / "scripts/install-python-deps.sh")
+    out = subprocess.run(["sh", script, "--uv"], check=True, capture_output=True, text=True)
+    lines = out.stdout.splitlines()
+    return (lines[0], lines[1]) if lines else None
 
 
 def _resolve(req: Path, tmp_path: Path) -> dict[str, str]:
@@ -174,8 +172,8 @@ def _resolve(req: Path, tmp_path: Path) -> dict[str, str]:
     uv = _uv()
     if uv is not None:
         out = tmp_path / "resolved.txt"
-        _run([str(uv), "pip", "compile", "--quiet", "--no-header", "--no-annotate",
-              "--python", sys.executable, "--cache-dir", str(uv.parents[2] / "uv"),
+        _run([uv[0], "pip", "compile", "--quiet", "--no-header", "--no-annotate",
+              "--python", sys.executable, "--cache-dir", uv[1],
               "-o", str(out), str(req)])  # fmt: skip
         return pins(out)
     out = tmp_path / "report.json"
