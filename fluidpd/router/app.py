@@ -56,9 +56,11 @@ def create_app(cfg: RouterConfig, prompter: Prompter) -> FastAPI:
         session = aiohttp.ClientSession(
             connector=connector, timeout=aiohttp.ClientTimeout(total=None, connect=2.0)
         )
-        ctx.attach(Dispatcher(ctx.workers, session, cfg.admin_token, cfg.first_token_timeout_s))
+        dispatcher = Dispatcher(ctx.workers, session, cfg.admin_token, cfg.first_token_timeout_s)
+        ctx.attach(dispatcher)
         await ctx.workers.start(session)
         yield
+        await dispatcher.settle(dispatcher.abort_timeout_s)
         await ctx.workers.stop()
         await session.close()
         prompter.close()

@@ -165,6 +165,12 @@ class Dispatcher:
         self._aborts.add(task)
         task.add_done_callback(self._aborts.discard)
 
+    async def settle(self, timeout_s: float) -> None:
+        """Wait (up to ``timeout_s``) for the aborts still on their way: on shutdown, so that
+        a worker is told to drop what it would otherwise hold until its own timeout."""
+        if self._aborts:
+            await asyncio.wait(set(self._aborts), timeout=timeout_s)
+
     def _abort(self, worker: WorkerInfo, rid: int, reason: str) -> None:
         self._background(self._abort_call(worker, rid, reason))
 

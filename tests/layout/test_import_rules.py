@@ -40,6 +40,8 @@ ALLOWED: dict[str, set[str]] = {
     "fluidpd.drills": {CORE, API},
     "fluidpd.modeldir": set(),
     "fluidpd.procs": set(),
+    # The listening sockets `fluidpd up` hands its processes (only the CLI uses them).
+    "fluidpd.listeners": set(),
     "fluidpd": set(),
 }
 #: The composition root: it wires the parts into commands.

@@ -133,7 +133,7 @@ def run(fakes: list[Fake], play: Play, first_token_timeout_s: float = 30.0) -> D
             async with aiohttp.ClientSession() as session:
                 dispatcher = Dispatcher(workers, session, "tok", first_token_timeout_s)
                 await play(dispatcher, {f.name: f for f in fakes})
-                await asyncio.sleep(0.05)  # let the fire-and-forget aborts land
+                await dispatcher.settle(30.0)  # the fire-and-forget aborts land
                 return dispatcher
         finally:
             for runner in runners:
