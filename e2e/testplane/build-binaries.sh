@@ -44,7 +44,9 @@ fi
 if [ -z "${FLUIDPD_TESTPLANE_LOCKED:-}" ] && command -v flock >/dev/null 2>&1; then
   FLUIDPD_TESTPLANE_LOCKED=1 exec flock "$ROOT/.build.lock" sh "$0" "$@"
 fi
-export GOFLAGS="-mod=mod -trimpath -buildvcs=false"
+# No DWARF from the compiler: the links strip it anyway (-s -w), and not writing it takes 13 %
+# less CPU (etcd's server, cold: 96 -> 83 CPU-s); the binaries are the same code.
+export GOFLAGS="-mod=mod -trimpath -buildvcs=false -gcflags=all=-dwarf=false"
 export CGO_ENABLED=0
 minor=$(echo "$K8S_VERSION" | cut -d. -f2)
 staging_version="v0.$minor.$(echo "$K8S_VERSION" | cut -d. -f3)"
