@@ -455,9 +455,11 @@ def test_garbage_collector_deletes_pods_of_a_deleted_owner(
 
 def test_grace_period_then_sigkill(kubelet: FakeKubelet, k8s_api: Any, namespace: str) -> None:
     core = client.CoreV1Api(k8s_api)
+    # The line waited for is not in the command, which the kubelet's start note repeats: the
+    # wait would otherwise end before Python had set SIG_IGN, and SIGTERM would kill it.
     stubborn = (
         "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-        "print('ignoring TERM', flush=True); time.sleep(3600)"
+        "print('ignoring', 'TERM', flush=True); time.sleep(3600)"
     )
     _create_pod(
         core,
