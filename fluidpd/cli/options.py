@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from fluidpd import listeners
 from fluidpd.cli.errors import UserError
 from fluidpd.profiles import available_profiles
 from fluidpd_sidecar.gpu.config import SHAPES  # no torch: the shapes' published numbers only
@@ -142,8 +143,6 @@ def serve_http(app: Any, args: argparse.Namespace) -> None:
     log: the request path is the hot path), on the listening socket a launcher handed over
     (``fluidpd up``) or else on ``--host``/``--port``."""
     import uvicorn
-
-    from fluidpd import listeners
 
     config = uvicorn.Config(
         app,

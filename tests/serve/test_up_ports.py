@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -21,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from fluidpd.drills.stack import LocalStack
+from fluidpd.drills.stack import LocalStack, free_port_block
 from fluidpd.procs import alive
 
 
@@ -34,7 +33,7 @@ class _AlwaysOk(BaseHTTPRequestHandler):
         self.wfile.write(b"ok")
 
     def log_message(self, *_: object) -> None:
-        pass
+        """Quiet: a test's output is its assertions."""
 
 
 @pytest.fixture
@@ -47,12 +46,6 @@ def foreign() -> Iterator[int]:
     finally:
         server.shutdown()
         server.server_close()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _up(run_dir: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -71,9 +64,9 @@ def test_a_taken_port_is_one_line_and_nothing_starts(
     tmp_path: Path, foreign: int, taken: str
 ) -> None:
     if taken == "--port":
-        ports = ["--port", str(foreign), "--base-port", str(_free_port())]
+        ports = ["--port", str(foreign), "--base-port", str(free_port_block(1))]
     else:  # the second sidecar's port is the foreign one
-        ports = ["--port", str(_free_port()), "--base-port", str(foreign - 1)]
+        ports = ["--port", str(free_port_block(1)), "--base-port", str(foreign - 1)]
     done = _up(tmp_path / "run", *ports)
     assert done.returncode != 0, done.stdout
     lines = done.stderr.strip().splitlines()
