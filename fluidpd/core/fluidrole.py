@@ -8,8 +8,18 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from fluidpd.core.policy_forecast import CapacityModel, Demand, Forecast, Split, clearly_worth
+from fluidpd.core.policy_forecast import (
+    CapacityModel,
+    Demand,
+    Forecast,
+    Split,
+    clearly_worth,
+)
 from fluidpd.core.types import DrainMode, Role, RoleState
+
+#: Seconds of decode-pool pressure the policy keeps for calibration (longer than any demand
+#: window it is compared with).
+DECODE_HISTORY_S = 600.0
 
 
 class SwitchRule(StrEnum):
@@ -45,6 +55,10 @@ class FluidRoleConfig:
     #: far, and waiting out the window would only starve that phase longer.
     dpi_adm_saturated: float = 0.95
     ppi_saturated: float = 2.0
+    #: ...and, where the prefill workers report it, their measured busy fraction this high:
+    #: requests that wait for decode KV (reserved at dispatch) pass their deadlines in the
+    #: prefill queue too, and a pool that is idle part of the time is not short of workers.
+    busy_saturated: float = 0.9
     min_prefill: int = 1
     min_decode: int = 1
     #: D->P drain: ``migrate`` (our default) or the paper's ``wait``.
@@ -74,6 +88,8 @@ class FluidRoleConfig:
             raise ValueError("dpi_adm_saturated must be in (0, 1]")
         if self.ppi_saturated < self.ppi_high:
             raise ValueError("ppi_saturated must be >= ppi_high")
+        if not 0 < self.busy_saturated <= 1:
+            raise ValueError("busy_saturated must be in (0, 1]")
         if self.min_prefill < 1 or self.min_decode < 1:
             raise ValueError("each role keeps at least one worker")
         if not 0 < self.percentile <= 100:
@@ -151,8 +167,16 @@ def decode_saturated(p: PoolPressure, cfg: FluidRoleConfig) -> bool:
 
 
 def prefill_saturated(p: PoolPressure, cfg: FluidRoleConfig) -> bool:
-    """The prefill queue far past its deadlines."""
-    return p.ppi_bar >= cfg.ppi_saturated
+    """The prefill queue far past its deadlines, and its workers busy (where they report it).
+
+    PPI-bar alone grows without bound once deadlines pass, whatever held the requests back:
+    behind a saturated decode pool, prompts wait for decode KV in the prefill queue while the
+    prefill workers idle (PPI-bar 440-1,900 at a busy fraction of 0.2-0.3 right after a P->D
+    switch that had relieved decode), and reading that as prefill saturation undoes the
+    switch that helped."""
+    if p.ppi_bar < cfg.ppi_saturated:
+        return False
+    return p.prefill_busy is None or p.prefill_busy >= cfg.busy_saturated
 
 
 def donor_starved(source: Role, p: PoolPressure, cfg: FluidRoleConfig) -> bool:
@@ -266,6 +290,9 @@ class FluidRolePolicy:
     _check: _Check | None = None
     _undo_due: _Check | None = None
     _frozen_until: dict[Recommendation, float] = field(default_factory=dict)
+    #: The decode pool's pressure, max(DPI-bar_load, DPI-bar_adm), per interval since its
+    #: size last changed: what calibrates the forecast's decode model.
+    _decode_seen: deque[tuple[float, float]] = field(default_factory=deque)
     #: Switches the forecast refused, and wrong forecasts undone (for reports).
     refused: int = 0
     undone: int = 0
@@ -313,11 +340,15 @@ class FluidRolePolicy:
         """
         pressure = self._record(now, workers)
         self.last_pressure = pressure
-        undo = self._verify(now, pressure, workers)
+        seen = self._decode_seen
+        seen.append((now, max(pressure.dpi_load_bar, pressure.dpi_adm_bar)))
+        while seen[0][0] < max(now - DECODE_HISTORY_S, self._last_switch_end):
+            seen.popleft()
+        predictive = self._predictive(demand)
+        undo = self._verify(now, pressure, workers, demand if predictive else None)
         if undo is not None:
             return undo
         rec = recommend(pressure, self.cfg)
-        predictive = self._predictive(demand)
         if predictive and rec is Recommendation.NONE:
             assert demand is not None
             rec = self._proposal(now, pressure, demand)
@@ -363,10 +394,26 @@ class FluidRolePolicy:
         # arrival (``fill_seconds``, or a whole demand window) and the last switch has settled.
         filled = demand.full_window or demand.seen_s >= self.model.fill_seconds(demand, p.n_decode)
         settled = filled and now >= self._last_switch_end + self.cfg.settle_s
-        observed = max(p.dpi_load_bar, p.dpi_adm_bar) if settled else None
+        observed = self._decode_observed(now, demand.seen_s) if settled else None
         return self.model.forecast(
             demand, split, source, self.cfg.horizon_s, migrate, observed, p.ppi_bar, p.prefill_busy
         )
+
+    def _decode_observed(self, now: float, span_s: float) -> float | None:
+        """The decode pool's pressure for calibration: the latest interval's, or the mean over
+        the demand's window (``span_s``, since the pool last changed size) if that is higher.
+
+        The forecast models the pool's mean load at the window's mean rate. One interval's
+        pool average swings with every burst and lull: an idle pool in a gap of clustered
+        arrivals reads 0, which scaled the decode model down fourfold and sent the
+        last-but-one decode worker to prefill, so a lull never reads below the window's mean.
+        A spell busier than the mean is kept as it is: the switch's donor must carry it
+        (a burst of long generations starting at 0.22 against a window mean of about 0.1)."""
+        since = max(now - span_s, self._last_switch_end)
+        values = [v for t, v in self._decode_seen if t >= since]
+        if not values:
+            return None
+        return max(values[-1], sum(values) / len(values))
 
     def _proposal(self, now: float, p: PoolPressure, demand: Demand) -> Recommendation:
         """What the forecast itself proposes when eqs. (22)-(23) propose nothing: the switch
@@ -424,15 +471,25 @@ class FluidRolePolicy:
         )
 
     def _verify(
-        self, now: float, p: PoolPressure, workers: Sequence[WorkerSignals]
+        self,
+        now: float,
+        p: PoolPressure,
+        workers: Sequence[WorkerSignals],
+        demand: Demand | None = None,
     ) -> SwitchDecision | None:
-        """Compare a settled switch's donor phase with its forecast; undo a refuted one."""
+        """Compare a settled switch's donor phase with its forecast; freeze the direction of a
+        refuted one and undo it, if the forecast (``demand`` given), now calibrated by what
+        the switch brought, says the way back clearly wins. A donor saturated by what came
+        after the switch (a shift to longer prompts, a burst that overloads both splits) is
+        no reason to reverse it: the undo would pay a drain inside the reversal cooldown for
+        a split that is no better."""
         check = self._check
         if check is not None and self._switching is None and now >= check.at:
             self._check = None
             if donor_starved(check.source, p, self.cfg):
                 self._frozen_until[check.direction] = now + self.cfg.freeze_s
-                self._undo_due = check
+                if demand is None or self._back_wins(now, p, demand, check.source.other):
+                    self._undo_due = check
         due = self._undo_due
         if due is None or self._switching is not None:
             return None
@@ -444,6 +501,14 @@ class FluidRolePolicy:
             self._undo_due = None
             self.undone += 1
         return decision
+
+    def _back_wins(self, now: float, p: PoolPressure, demand: Demand, source: Role) -> bool:
+        """Whether the forecast of moving a ``source`` worker back clearly wins."""
+        if not demand.reliable:
+            return False
+        forecast = self._forecast(now, p, demand, source)
+        self.last_forecast = forecast
+        return clearly_worth(forecast, self.cfg.gain_margin)
 
     def _stabilizing(self, rec: Recommendation, p: PoolPressure, now: float) -> bool:
         """Whether ``rec`` reverses the last switch inside the reversal cooldown."""

@@ -4,6 +4,7 @@ whose forecast the observed pressure refutes is undone, restoring the prior spli
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
@@ -12,9 +13,12 @@ from hypothesis import strategies as st
 from fluidpd.core.fluidrole import (
     FluidRoleConfig,
     FluidRolePolicy,
+    PoolPressure,
     SwitchDecision,
     SwitchRule,
     WorkerSignals,
+    donor_starved,
+    prefill_saturated,
 )
 from fluidpd.core.fluidtoken import FluidTokenConfig
 from fluidpd.core.policy_forecast import (
@@ -103,7 +107,9 @@ def _apply(split: dict[str, Role], decision: SwitchDecision) -> None:
 
 def test_refuted_switch_is_undone_and_restores_the_split() -> None:
     policy = FluidRolePolicy(CFG, MODEL)
-    d = demand(30.0, 2000, 50)  # prefill-bound: the forecast wants D->P
+    # Prefill-bound at 2P4D (the forecast wants D->P), with outputs long enough that a
+    # saturated decode pool, read as the model's error, makes the way back win.
+    d = demand(10.0, 2000, 800)
     roles = {f"p{i}": Role.PREFILL for i in range(2)} | {f"d{i}": Role.DECODE for i in range(4)}
     before = dict(roles)
     first = policy.observe(0.0, fleet(2, 4, 3.0, 0.05, 0.05), d)
@@ -133,6 +139,79 @@ def test_refuted_switch_is_undone_and_restores_the_split() -> None:
     ]
     assert not isinstance(policy.observe(50.0, again, d), SwitchDecision)
     assert policy.undone == 1
+
+
+def test_refuted_switch_whose_way_back_loses_is_frozen_not_undone() -> None:
+    # Decode saturated after a D->P switch that took prefill out of overload (30 req/s of
+    # 2K prompts at 2P): the forecast of moving the worker back overloads prefill again, so
+    # the switch stays and only its direction is frozen (no reversal inside the cooldown).
+    policy = FluidRolePolicy(CFG, MODEL)
+    d = demand(30.0, 2000, 50)
+    first = policy.observe(0.0, fleet(2, 4, 3.0, 0.05, 0.05), d)
+    assert isinstance(first, SwitchDecision) and first.source is Role.DECODE
+    policy.switch_finished(first.worker, 1.0)
+    starved = fleet(3, 3, 0.2, 0.9, 0.99)
+    assert not isinstance(policy.observe(12.0, starved, d), SwitchDecision)
+    assert policy.undone == 0
+    f = policy.last_forecast
+    assert f is not None and not clearly_worth(f, CFG.gain_margin)
+    assert not isinstance(policy.observe(50.0, fleet(3, 3, 3.0, 0.05, 0.05), d), SwitchDecision)
+
+
+def test_late_prompts_behind_decode_admission_are_not_prefill_saturation() -> None:
+    # After a P->D switch relieved a saturated decode pool, prompts that waited for decode
+    # KV are far past their deadlines (PPI-bar in the hundreds) while the prefill workers
+    # idle: that is no evidence that prefill lacks the worker it gave.
+    cfg = FluidRoleConfig()
+    late = PoolPressure(440.0, 0.66, 0.71, 4, 2, prefill_busy=0.19)
+    assert not prefill_saturated(late, cfg)
+    assert not donor_starved(Role.PREFILL, late, cfg)
+    busy = PoolPressure(440.0, 0.66, 0.71, 4, 2, prefill_busy=0.95)
+    assert prefill_saturated(busy, cfg) and donor_starved(Role.PREFILL, busy, cfg)
+    # Workers that do not report a busy fraction are judged by PPI-bar alone.
+    assert prefill_saturated(PoolPressure(440.0, 0.66, 0.71, 4, 2), cfg)
+
+
+def test_a_lull_does_not_calibrate_the_decode_model_down() -> None:
+    # The decode pool ran at 0.4 for the whole window, then one interval found it idle (a
+    # gap between clustered arrivals): the calibration reads the window's mean, not the 0.
+    # (Eq. 22 proposes D->P throughout; the forecast declines it, so each interval records
+    # the forecast with the calibration it used.)
+    policy = FluidRolePolicy(CFG, MODEL)
+    d = replace(demand(2.0, 2000, 1000), seen_s=60.0)
+    for t in range(60):
+        policy.observe(float(t), fleet(2, 4, 3.0, 0.4, 0.4), d)
+    assert policy.refused == 60
+
+    def forecast(observed: float) -> Forecast:
+        return MODEL.forecast(d, Split(2, 4), Role.DECODE, CFG.horizon_s, True, observed, 3.0)
+
+    policy.observe(60.0, fleet(2, 4, 3.0, 0.0, 0.0), d)
+    assert repr(policy.last_forecast) == repr(forecast(60 * 0.4 / 61))
+    assert forecast(0.0).donor_after < forecast(0.4).donor_after
+    # A spell busier than the window's mean is taken as it is.
+    policy.observe(61.0, fleet(2, 4, 3.0, 0.5, 0.5), d)
+    assert repr(policy.last_forecast) == repr(forecast(0.5))
+
+
+def test_clustered_arrivals_count_as_fewer_samples() -> None:
+    regular, poisson, clustered = (DemandWindow(MODEL.prefill) for _ in range(3))
+    rng = __import__("random").Random(1)
+    t = 0.0
+    for i in range(600):
+        regular.add(i * 0.1, 1000, 100)
+        t += rng.expovariate(10.0)
+        poisson.add(t, 1000, 100)
+        # Bursts of ten at once, one burst a second: the same mean rate.
+        clustered.add(float(i // 10), 1000, 100)
+    assert regular.arrival_cv2() < 0.01
+    assert 0.8 < poisson.arrival_cv2() < 1.2
+    assert clustered.arrival_cv2() > 8.0
+    # 61 arrivals suffice for a Poisson stream but not for one this clustered.
+    d = Demand(6.1, 1000, 100, 0.1, 61, False)
+    assert d.reliable
+    assert not Demand(6.1, 1000, 100, 0.1, 61, False, arrival_cv2=9.0).reliable
+    assert Demand(6.1, 1000, 100, 0.1, 180, False, arrival_cv2=9.0).reliable
 
 
 def test_switch_budget_limits_switches_per_window() -> None:

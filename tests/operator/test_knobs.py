@@ -61,8 +61,8 @@ def test_every_knob_is_in_the_crd_with_the_cores_default() -> None:
 def test_every_config_field_a_user_sets_is_a_knob() -> None:
     # The predictive rule's forecast horizon, margin, settle/freeze times and budget window are
     # the rule's own constants (issue #14), not settings a deployment tunes.
-    internal = {"enabled", "percentile", "dpi_adm_saturated", "ppi_saturated", "horizon_s",
-                "gain_margin", "settle_s", "freeze_s", "budget_window_s"}  # fmt: skip
+    internal = {"enabled", "percentile", "dpi_adm_saturated", "ppi_saturated", "busy_saturated",
+                "horizon_s", "gain_margin", "settle_s", "freeze_s", "budget_window_s"}  # fmt: skip
     fields = {f.name for f in dataclasses.fields(FluidRoleConfig)} - internal
     assert fields == {k.field for k in FLUIDROLE_KNOBS}
 
