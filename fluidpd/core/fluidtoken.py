@@ -8,6 +8,7 @@ stolen-token count (beta_i * L_i) per queued request.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +29,13 @@ from fluidpd.core.signals import (
 )
 
 BoolArray = npt.NDArray[np.bool_]
+
+
+#: Decode iterations' worth of eq. (15) allowance that committed, not yet run, suffixes may
+#: fill: one running and one waiting. A decode worker then always has the next iteration's
+#: suffix at hand (prefill workers commit once per their own iteration, which can outlast a
+#: decode iteration), and a stolen suffix waits at most one iteration before it runs.
+SUFFIX_QUEUE_ITERATIONS = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,7 +86,7 @@ def advertised_budget(
     suffix: SuffixPredictor,
     batch: int,
     context: int,
-    pending_suffix_tokens: int,
+    pending_suffixes: Iterable[int],
     dpi_load_d: float,
     n_prefill: int,
     cfg: FluidTokenConfig,
@@ -87,16 +95,24 @@ def advertised_budget(
     """The per-prefill-worker budget a decode worker advertises: eqs. (14)-(17) over its
     running batch.
 
-    Suffix tokens already committed to it but not yet run are subtracted from the eq. (16)
-    bound, so that budgets refreshed every prefill iteration cannot pile up more stolen work
-    than one eligible iteration can absorb. ``admitting`` False (requests wait for KV there,
-    or it is draining) advertises 0: decode admission is the bottleneck, and an extend would
-    only lengthen the iterations whose finishes free that KV.
+    The suffixes already committed to it but not yet run (``pending_suffixes``, their token
+    counts) take their predicted extend time, each with its fixed cost s0, from the eq. (15)
+    allowance of ``SUFFIX_QUEUE_ITERATIONS`` iterations, so that budgets refreshed every
+    prefill iteration cannot pile up more stolen work than those iterations run.
+    (Subtracting their tokens alone let a burst commit dozens of 20-token suffixes to a
+    worker whose allowance held five: at s0 = 12 ms each they waited 0.8 s for their
+    iterations and two in three missed the TTFT they were stolen to save.)
+
+    ``admitting`` False (requests wait for KV there, or it is draining) advertises 0: decode
+    admission is the bottleneck, and an extend would only lengthen the iterations whose
+    finishes free that KV.
     """
     if not admitting:
         return 0.0
+    pending_s = sum(suffix.time(tokens) for tokens in pending_suffixes)
     slack = tpot_slack(tpot_slo, decode, batch, context)
-    room = max(0, max_admissible_suffix(slack, cfg.eta, suffix) - pending_suffix_tokens)
+    slack -= pending_s / (cfg.eta * SUFFIX_QUEUE_ITERATIONS)
+    room = max_admissible_suffix(slack, cfg.eta, suffix)
     return steal_budget(dpi_load_d, room, n_prefill, cfg.dpi_load_high)
 
 

@@ -17,14 +17,17 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from fluidpd.core.fluidtoken import (
+    SUFFIX_QUEUE_ITERATIONS,
+    FluidTokenConfig,
     _donor_caps,
     _head_cap,
+    advertised_budget,
     max_admissible_suffix,
     plan_stealing,
     steal_budget,
     stealing_allowed,
 )
-from fluidpd.core.predictors import PrefillPredictor, SuffixPredictor
+from fluidpd.core.predictors import DecodeIterPredictor, PrefillPredictor, SuffixPredictor
 from fluidpd.core.signals import steal_ppi
 
 # --------------------------------------------------------------------------------------------
@@ -537,6 +540,29 @@ def test_max_admissible_suffix_hand_example() -> None:
     # eta * slack = 1.25 * 0.04 = 0.05 s; (0.05 - 0.002) / 1e-4 = 480 tokens.
     p = SuffixPredictor(s1=1e-4, s0=0.002)
     assert max_admissible_suffix(0.04, 1.25, p) == 480
+
+
+def test_pending_suffixes_take_their_fixed_cost_from_the_allowance() -> None:
+    # An idle decode worker (iteration 20 ms): eta * slack = 0.1 s of extend per iteration.
+    # Suffixes of 20 tokens cost 12.2 ms each, nearly all of it the fixed s0: a queue of them
+    # fills the allowance of SUFFIX_QUEUE_ITERATIONS iterations long before their tokens would.
+    decode = DecodeIterPredictor(a_c=0.0, a_n=0.0, a_0=0.02)
+    suffix = SuffixPredictor(s1=1e-5, s0=0.012)
+    cfg = FluidTokenConfig()
+
+    def budget(pending: list[int]) -> float:
+        return advertised_budget(0.1, decode, suffix, 0, 0, pending, 0.0, 1, cfg)
+
+    full = budget([])
+    assert full == max_admissible_suffix(0.08, cfg.eta, suffix)
+    # As many small suffixes as fit in the iterations' allowance leave nothing.
+    fits = int(cfg.eta * 0.08 * SUFFIX_QUEUE_ITERATIONS / suffix.time(20))
+    assert budget([20] * (fits + 1)) == 0.0
+    assert 20 * (fits + 1) < full / 10
+    # The same tokens as one suffix pay s0 once and leave room.
+    assert budget([20 * (fits + 1)]) > 0.0
+    # Room shrinks with each pending suffix.
+    assert budget([20]) < full and budget([20, 20]) < budget([20])
 
 
 def test_donor_cap_with_cheap_suffix_and_large_s0() -> None:

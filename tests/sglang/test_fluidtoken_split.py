@@ -270,13 +270,11 @@ def test_advertised_budget_is_the_decode_sides_own() -> None:
         d.handoff_done(rid, n, 0.0)
     d.next_batch(0.0)
     args = (SLO_.tpot, d.decode, d.suffix, len(d.active), d.context)
-    assert d.steal_budget(2) == advertised_budget(
-        *args, d.pending_suffix_tokens, d.dpi_load(), 2, CFG
-    )
-    assert advertised_budget(*args, 0, d.dpi_load(), 2, CFG) >= d.steal_budget(2)
-    assert advertised_budget(*args, 0, d.dpi_load(), 2, CFG, admitting=False) == 0.0
+    assert d.steal_budget(2) == advertised_budget(*args, d.suffix_of.values(), d.dpi_load(), 2, CFG)
+    assert advertised_budget(*args, (), d.dpi_load(), 2, CFG) >= d.steal_budget(2)
+    assert advertised_budget(*args, (), d.dpi_load(), 2, CFG, admitting=False) == 0.0
     # Loaded past DPI_load^high: the gate of eq. (12) closes.
-    assert advertised_budget(*args, 0, CFG.dpi_load_high, 2, CFG) == 0.0
+    assert advertised_budget(*args, (), CFG.dpi_load_high, 2, CFG) == 0.0
 
 
 def _report(dpi: float) -> PressureReport:
@@ -292,12 +290,16 @@ def test_decode_budget_counts_registered_suffixes_until_the_hook_ran_them() -> N
     t0 = time.time()
     splits.pending[5] = (400, t0)
     idle = {"decode_batch": 0, "decode_context": 0, "t": t0 + 1, "fluid_pending": ["5"]}
-    full = advertised_budget(SLO_.tpot, splits.decode, splits.suffix, 0, 0, 0, 0.0, 1, CFG)
-    assert splits.pending_tokens(idle) == 400
-    assert splits.budget(idle, _report(0.0), admitting=True) == max(0.0, full - 400)
+    full = advertised_budget(SLO_.tpot, splits.decode, splits.suffix, 0, 0, (), 0.0, 1, CFG)
+    assert splits.pending_suffixes(idle) == [400]
+    left = splits.budget(idle, _report(0.0), admitting=True)
+    assert 0.0 < left < full
+    assert left == advertised_budget(
+        SLO_.tpot, splits.decode, splits.suffix, 0, 0, [400], 0.0, 1, CFG
+    )
     # A snapshot from before the registration does not clear it; a later one without it does.
-    assert splits.pending_tokens({**idle, "fluid_pending": [], "t": t0 - 1}) == 400
-    assert splits.pending_tokens({**idle, "fluid_pending": []}) == 0 and not splits.pending
+    assert splits.pending_suffixes({**idle, "fluid_pending": [], "t": t0 - 1}) == [400]
+    assert splits.pending_suffixes({**idle, "fluid_pending": []}) == [] and not splits.pending
     assert splits.budget(idle, _report(0.0), admitting=True) == full > 0
     # Requests waiting for KV room here, or a worker draining: nothing to steal onto it.
     assert splits.budget({**idle, "prealloc_blocked": 1}, _report(0.0), admitting=True) == 0

@@ -491,7 +491,7 @@ class DecodeSide:
             self.suffix,
             len(self.active),
             self.context,
-            self.pending_suffix_tokens,
+            self.suffix_of.values(),
             self.dpi_load(),
             n_prefill,
             self.token_cfg,

@@ -338,14 +338,15 @@ class DecodeSplits:
                 raise RuntimeError(f"SGLang's FluidToken hook refused the split: {text}")
         self.pending[body.rid] = (body.tokens, time.time())
 
-    def pending_tokens(self, snap: dict[str, Any]) -> int:
-        """Registered suffix tokens the snapshot no longer lists have run (or were dropped)."""
+    def pending_suffixes(self, snap: dict[str, Any]) -> list[int]:
+        """Token counts of the registered suffixes not yet run (those the snapshot no longer
+        lists have run, or were dropped)."""
         live = set(snap.get("fluid_pending") or [])
         t = float(snap.get("t", 0.0))
         for rid, (_, at) in list(self.pending.items()):
             if str(rid) not in live and t > at:
                 del self.pending[rid]
-        return sum(tokens for tokens, _ in self.pending.values())
+        return [tokens for tokens, _ in self.pending.values()]
 
     def budget(self, snap: dict[str, Any], report: PressureReport, admitting: bool) -> float:
         """B_d^steal (eq. 17) from SGLang's decode state; 0 while requests wait for KV room
@@ -357,7 +358,7 @@ class DecodeSplits:
             self.suffix,
             int(snap.get("decode_batch", 0)),
             int(snap.get("decode_context", 0)),
-            self.pending_tokens(snap),
+            self.pending_suffixes(snap),
             report.dpi_load,
             self.n_prefill,
             self.token_cfg,
