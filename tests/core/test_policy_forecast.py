@@ -141,15 +141,22 @@ def test_refuted_switch_is_undone_and_restores_the_split() -> None:
     assert policy.undone == 1
 
 
-def test_refuted_switch_whose_way_back_loses_is_frozen_not_undone() -> None:
-    # Decode saturated after a D->P switch that took prefill out of overload (30 req/s of
-    # 2K prompts at 2P): the forecast of moving the worker back overloads prefill again, so
-    # the switch stays and only its direction is frozen (no reversal inside the cooldown).
+def _switched_from_2p4d() -> tuple[FluidRolePolicy, Demand]:
+    """A policy that has just moved 2P4D to 3P3D for 30 req/s of 2K-token prompts (prefill
+    overloaded at 2P), and that demand."""
     policy = FluidRolePolicy(CFG, MODEL)
     d = demand(30.0, 2000, 50)
     first = policy.observe(0.0, fleet(2, 4, 3.0, 0.05, 0.05), d)
     assert isinstance(first, SwitchDecision) and first.source is Role.DECODE
     policy.switch_finished(first.worker, 1.0)
+    return policy, d
+
+
+def test_refuted_switch_whose_way_back_loses_is_frozen_not_undone() -> None:
+    # Decode saturated after a D->P switch that took prefill out of overload (30 req/s of
+    # 2K prompts at 2P): the forecast of moving the worker back overloads prefill again, so
+    # the switch stays and only its direction is frozen (no reversal inside the cooldown).
+    policy, d = _switched_from_2p4d()
     starved = fleet(3, 3, 0.2, 0.9, 0.99)
     assert not isinstance(policy.observe(12.0, starved, d), SwitchDecision)
     assert policy.undone == 0
@@ -304,11 +311,7 @@ def test_few_arrivals_widen_the_rate_bounds() -> None:
 def test_both_phases_saturated_is_no_reason_to_undo() -> None:
     # Decode KV is reserved at dispatch: a prefill queue far past its deadlines fills DPI_adm
     # while the decode batch idles. That does not refute the D->P switch.
-    policy = FluidRolePolicy(CFG, MODEL)
-    d = demand(30.0, 2000, 50)
-    first = policy.observe(0.0, fleet(2, 4, 3.0, 0.05, 0.05), d)
-    assert isinstance(first, SwitchDecision) and first.source is Role.DECODE
-    policy.switch_finished(first.worker, 1.0)
+    policy, d = _switched_from_2p4d()
     both = fleet(3, 3, 50.0, 0.05, 0.99)
     assert not isinstance(policy.observe(12.0, both, d), SwitchDecision)
     assert policy.undone == 0
