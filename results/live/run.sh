@@ -63,3 +63,16 @@ nice -n 10 fluidpd evaluate --workload azure-mixed --rps 20 --num-requests 2000 
 # ratios (forecast bottleneck 0.74 and 0.78), not x4; up-fluidpd/controller.log), then reported
 # needs-capacity.
 
+# Issue #14, session 2026-12-03 evening: both slices again at commit d6c4813 (the switch-rule
+# fixes of 9f9b83b and FluidToken's budget by suffix time of 626b4fc), one after the other on
+# the quiet machine (1-min load 0.3-1.9), run with --out /tmp/live-long and /tmp/live-azure and
+# copied (admin tokens and pid files left out).
+fluidpd evaluate --workload long-chat-poisson --rps 4 --num-requests 240 --pd 4P4D \
+  --policies static,fluidpd --seed 0 --out results/live/long-chat-poisson-240-4rps-2026-12-03
+# Result: static 96.2 %, FluidPD 100.0 % live (+3.8 pp; simulated 97.9 / 99.6 %), 3 min 13 s.
+# The controller took two forecast D->P switches (PPI-bar 0.57 and 0.32; up-fluidpd/controller.log).
+fluidpd evaluate --workload azure-mixed --rps 20 --num-requests 2000 --pd 4P4D \
+  --policies static,fluidpd --seed 0 --out results/live/azure-mixed-2000-20rps-2026-12-03
+# Result: static 78.1 %, FluidPD 90.8 % live (+12.7 pp; simulated 78.5 / 91.2 %), 4 min 53 s.
+# The controller took two forecast D->P switches (4P4D -> 6P2D, PPI-bar 608 and 962 with the
+# prefill workers' busy fraction as the calibration). FluidPD >= static - 1 pp holds on both.
