@@ -8,13 +8,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from fluidpd.core.policy_forecast import (
-    CapacityModel,
-    Demand,
-    Forecast,
-    Split,
-    clearly_worth,
-)
+from fluidpd.core.policy_forecast import CapacityModel, Demand, Forecast, Split, clearly_worth
 from fluidpd.core.types import DrainMode, Role, RoleState
 
 #: Seconds of decode-pool pressure the policy keeps for calibration (longer than any demand
@@ -340,10 +334,7 @@ class FluidRolePolicy:
         """
         pressure = self._record(now, workers)
         self.last_pressure = pressure
-        seen = self._decode_seen
-        seen.append((now, max(pressure.dpi_load_bar, pressure.dpi_adm_bar)))
-        while seen[0][0] < max(now - DECODE_HISTORY_S, self._last_switch_end):
-            seen.popleft()
+        self._note_decode(now, pressure)
         predictive = self._predictive(demand)
         undo = self._verify(now, pressure, workers, demand if predictive else None)
         if undo is not None:
@@ -398,6 +389,14 @@ class FluidRolePolicy:
         return self.model.forecast(
             demand, split, source, self.cfg.horizon_s, migrate, observed, p.ppi_bar, p.prefill_busy
         )
+
+    def _note_decode(self, now: float, p: PoolPressure) -> None:
+        """Keeps this interval's decode-pool pressure, dropping what precedes the pool's
+        last size change or ``DECODE_HISTORY_S``."""
+        seen = self._decode_seen
+        seen.append((now, max(p.dpi_load_bar, p.dpi_adm_bar)))
+        while seen[0][0] < max(now - DECODE_HISTORY_S, self._last_switch_end):
+            seen.popleft()
 
     def _decode_observed(self, now: float, span_s: float) -> float | None:
         """The decode pool's pressure for calibration: the latest interval's, or the mean over
