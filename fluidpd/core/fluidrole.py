@@ -366,9 +366,12 @@ class FluidRolePolicy:
                 return Recommendation.NONE
             forecast = self._forecast(now, pressure, demand, source)
             self.last_forecast = forecast
-            if not clearly_worth(forecast, self.cfg.gain_margin):
+            if not self._worth(forecast, pressure, source):
+                # The streak is kept: the forecast is asked again next interval while the
+                # recommendation persists, so that a switch does not depend on where the
+                # refusals fell (refused at 3 s and 6 s, a count reset by each refusal
+                # never reached the forecast that won at 4-5 s).
                 self.refused += 1
-                self._streak = 0
                 return Recommendation.NONE
         decision = self._commit(now, workers, source, rec, pressure, forecast)
         if decision is not None and forecast is not None:
@@ -430,7 +433,7 @@ class FluidRolePolicy:
             if pool <= keep:
                 continue
             f = self._forecast(now, p, demand, source)
-            if clearly_worth(f, self.cfg.gain_margin) and f.gain - f.cost > best_net:
+            if self._worth(f, p, source) and f.gain - f.cost > best_net:
                 best, best_net = rec, f.gain - f.cost
         return best
 
@@ -507,7 +510,14 @@ class FluidRolePolicy:
             return False
         forecast = self._forecast(now, p, demand, source)
         self.last_forecast = forecast
+        # An undo is not held back by the switch budget, so it never trades one phase's
+        # overload for the other's: it must keep its donor within capacity.
         return clearly_worth(forecast, self.cfg.gain_margin)
+
+    def _worth(self, f: Forecast, p: PoolPressure, source: Role) -> bool:
+        """``clearly_worth``, told whether the phase that would get the worker is observed
+        saturated while the donor is not."""
+        return clearly_worth(f, self.cfg.gain_margin, donor_starved(source.other, p, self.cfg))
 
     def _stabilizing(self, rec: Recommendation, p: PoolPressure, now: float) -> bool:
         """Whether ``rec`` reverses the last switch inside the reversal cooldown."""

@@ -165,6 +165,15 @@ class Forecast:
     #: Arrivals over the horizon at the rate's lower bound: ``gain`` in requests is
     #: ``gain / horizon * arrivals``, and the split kept would miss ``loss_before * arrivals``.
     arrivals: float = 0.0
+    #: The bottleneck ratio after the switch at the window's rate itself, and at the recent
+    #: peak rate now and after the switch (the latter with the donor as ``donor_after``
+    #: checks it).
+    at_rate_after: float = 0.0
+    burst_before: float = 0.0
+    burst_after: float = 0.0
+    #: Whether the donor phase's forecast rests on its own observation (a decode pool that
+    #: has filled since the last switch; prefill workers that report their busy fraction).
+    donor_observed: bool = False
 
     @property
     def saved(self) -> float:
@@ -472,6 +481,10 @@ class CapacityModel:
             loss_after,
             loss_during,
             low.rate * horizon_s,
+            self.bottleneck(d, left, scale, p_scale),
+            self.bottleneck(peak, split, scale, p_scale),
+            max(donor, self.bottleneck(peak, left, scale, p_scale)),
+            (observed_decode if source is Role.DECODE else observed_busy) is not None,
         )
 
 
@@ -634,7 +647,7 @@ class DemandWindow:
         return max(0.0, self._gaps2 / k / (mean * mean) - 1.0)
 
 
-def clearly_worth(f: Forecast, margin: float) -> bool:
+def clearly_worth(f: Forecast, margin: float, receiver_starved: bool = False) -> bool:
     """Switch only if the forecast gain beats the cost with a margin (gain >= (1 + margin) x
     cost), the bottleneck falls by at least ``margin`` of its value (a gain inside the
     forecast's own error is no reason to pay a drain), and the donor phase keeps within its
@@ -642,7 +655,10 @@ def clearly_worth(f: Forecast, margin: float) -> bool:
     across a reversal: a switch that overloads its donor gains only while the receiving
     phase is the worse one, and is reversed (within the reversal cooldown, paying a second
     drain) as soon as the load shifts back; the predictors compare the two phases' overloads
-    too roughly to trade one for the other."""
+    too roughly to trade one for the other on the model's word alone.
+
+    The one exception needs the observation's word too (``receiver_starved``: the phase that
+    would get the worker is observed saturated and the donor is not): ``overload_traded``."""
     if math.isnan(f.gain) or math.isnan(f.cost) or math.isnan(f.donor_after):
         return False
     return (
@@ -650,5 +666,29 @@ def clearly_worth(f: Forecast, margin: float) -> bool:
         and f.gain >= (1.0 + margin) * f.cost
         and f.loss_after <= f.loss_before * (1 - margin)
         and f.saved >= max(1.0, f.noise)
-        and f.donor_after < 1.0
+        and (f.donor_after < 1.0 or (receiver_starved and overload_traded(f, margin)))
+    )
+
+
+def overload_traded(f: Forecast, margin: float) -> bool:
+    """Whether a switch that takes its donor past capacity at the recent peak rate is still
+    worth it: the split kept is past capacity even at the lower bound of the rate
+    (``before >= 1``), the split after the switch is within capacity at the window's own rate
+    (``at_rate_after < 1``), the switch lowers the worst phase's load at the peak rate by the
+    margin, and the donor's forecast rests on its own observation (``donor_observed``).
+
+    Keeping a split that fails at any rate the window allows (a mix shift half-way to outputs
+    2.2 times longer left 6P2D with its decode KV full) to spare a donor that only the peak
+    takes past capacity is the larger loss. Where the split after the switch fails at the
+    window's rate too, trading one overload for the other only flips between them, and the
+    lower bound of the rate alone does not say it holds: with 36 arrivals of 9K-token chats
+    it was half the rate, and the trade moved the last-but-one decode worker of a long-chat
+    deployment to prefill (28.5 -> 8.7 %). The trade rests on the model's comparison of two
+    phases' overloads, which ``clearly_worth`` does not trust alone, so both phases must be
+    observed: the receiver saturated (the caller's ``receiver_starved``), the donor's
+    forecast calibrated by its own pressure."""
+    return (
+        f.donor_observed
+        and f.before >= 1.0 > f.at_rate_after
+        and f.burst_after * (1.0 + margin) <= f.burst_before
     )

@@ -29,6 +29,7 @@ from fluidpd.core.policy_forecast import (
     Forecast,
     Split,
     clearly_worth,
+    overload_traded,
     poisson_tail,
     prefill_headroom,
     prefill_miss,
@@ -77,7 +78,9 @@ def test_switch_taken_only_when_forecast_gain_beats_cost(
     f = MODEL.forecast(d, Split(n_p, n_d), Role.DECODE, CFG.horizon_s, True, observed, 3.0)
     assert repr(policy.last_forecast) == repr(f)  # repr: nan == nan
     took = isinstance(decision, SwitchDecision)
-    assert took == clearly_worth(f, CFG.gain_margin)
+    # PPI-bar 3.0 with no busy report is prefill saturation, decode at 0.05 is not: the
+    # phase that would get the worker is starved.
+    assert took == clearly_worth(f, CFG.gain_margin, receiver_starved=True)
     if took:
         assert isinstance(decision, SwitchDecision)
         assert decision.forecast is not None
@@ -280,7 +283,8 @@ def test_a_taken_switch_leaves_its_donor_within_capacity_at_the_peak(
     # The decode pool that is left carries the busiest rate the demand may bring (the recent
     # peak or the rate's upper bound), with the calibration the policy applied.
     f = decision.forecast
-    assert f is not None and f.donor_after < 1.0
+    assert f is not None
+    assert f.donor_after < 1.0 or overload_traded(f, CFG.gain_margin)
     assert d.burst.rate >= max(peak, rate)
     # A higher peak can only hold a switch back, never bring one on.
     calmer = Demand(rate, prompt, output, d.prefill_s, samples, True, 0.0)
@@ -495,3 +499,76 @@ def test_a_prefill_worker_reports_its_measured_busy_fraction() -> None:
     assert worker.pressure(10.0).busy == 0.0
     decode = Worker.create("d0", Role.DECODE, profile, SLO_, FluidTokenConfig(), now=0.0)
     assert decode.pressure(10.0).busy is None and decode.pressure(10.0).signals().busy is None
+
+
+def _traded() -> Forecast:
+    """A switch away from a split past capacity even at the rate's lower bound (decode KV full
+    after a shift to longer outputs) to one within capacity at the window's rate, whose donor
+    only the recent peak takes past capacity (6 %)."""
+    return Forecast(
+        before=1.2,
+        after=0.9,
+        during=1.2,
+        drain_s=1.0,
+        gain=100.0,
+        cost=1.0,
+        donor_after=1.06,
+        loss_before=1.2,
+        loss_after=0.1,
+        loss_during=1.2,
+        arrivals=1800.0,
+        at_rate_after=0.95,
+        burst_before=1.3,
+        burst_after=1.06,
+        donor_observed=True,
+    )
+
+
+def test_a_failing_split_is_traded_only_on_the_observation_of_its_starved_phase() -> None:
+    f = _traded()
+    assert overload_traded(f, CFG.gain_margin)
+    assert clearly_worth(f, CFG.gain_margin, receiver_starved=True)
+    # On the model's word alone the donor check stands.
+    assert not clearly_worth(f, CFG.gain_margin)
+    # A donor forecast that no observation of its own backs (a decode pool not yet filled).
+    assert not clearly_worth(replace(f, donor_observed=False), CFG.gain_margin, True)
+    # A split kept that is within capacity at the lower bound of the rate.
+    assert not overload_traded(replace(f, before=0.99), CFG.gain_margin)
+    # A split after the switch past capacity at the window's own rate: both fail, and trading
+    # one overload for the other only flips between them.
+    assert not overload_traded(replace(f, at_rate_after=1.0), CFG.gain_margin)
+    # The peak's worst phase must fall by the margin.
+    assert not overload_traded(replace(f, burst_after=1.25), CFG.gain_margin)
+
+
+def test_the_switch_policy_trades_only_for_a_starved_receiver() -> None:
+    d = demand(30.0, 2000, 50)
+    f = _traded()
+    starved = PoolPressure(3.0, 0.05, 0.05, 2, 4)
+    assert donor_starved(Role.PREFILL, starved, CFG)
+
+    class Fixed(FluidRolePolicy):
+        def _forecast(self, now: float, p: PoolPressure, demand: Demand, source: Role) -> Forecast:
+            return f
+
+    assert isinstance(
+        Fixed(CFG, MODEL).observe(0.0, fleet(2, 4, 3.0, 0.05, 0.05), d), SwitchDecision
+    )
+    # The same forecast with the prefill queue within its deadlines: refused.
+    calm = Fixed(CFG, MODEL)
+    assert not isinstance(calm.observe(0.0, fleet(2, 4, 0.5, 0.05, 0.05), d), SwitchDecision)
+
+
+def test_a_refused_forecast_is_asked_again_while_the_recommendation_persists() -> None:
+    # Eq. (22) asks for D->P every interval; the forecast refuses on a comfortable demand at
+    # the third (n_persist) and wins on the next. The switch comes then, not n_persist
+    # intervals later: where the refusals fell does not decide whether a switch is taken.
+    policy = FluidRolePolicy(replace(CFG, n_persist=3), MODEL)
+    calm, busy = demand(1.0, 1000, 100), demand(30.0, 2000, 50)
+    for t in range(3):
+        assert not isinstance(
+            policy.observe(float(t), fleet(2, 4, 3.0, 0.05, 0.05), calm), SwitchDecision
+        )
+    assert policy.refused == 1
+    decision = policy.observe(3.0, fleet(2, 4, 3.0, 0.05, 0.05), busy)
+    assert isinstance(decision, SwitchDecision) and decision.source is Role.DECODE
