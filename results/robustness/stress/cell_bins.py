@@ -1,0 +1,63 @@
+"""Misses per time bin of one stress cell, for every static split and each policy:
+
+    python cell_bins.py SEED CELL [BIN_S]
+
+(``SEED`` and ``CELL`` as in ``stress.py``'s output: its draw and the cell's ``i``; the number
+of cells drawn per seed is the one the README's commands use.)"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+
+import numpy as np
+import stress
+
+from fluidpd.core.policy_forecast import CapacityModel
+from fluidpd.profiles import resolve_profile
+from fluidpd.sim.metrics import good_mask
+from fluidpd.sim.policies import MECHANISMS
+from fluidpd.sim.robustness import SLOS, best_capacity_rate
+from fluidpd.sim.simulator import SimConfig, simulate
+
+CELLS_PER_SEED = {1: 200, 2: 150, 3: 150}
+
+
+def main() -> None:
+    seed0, index = int(sys.argv[1]), int(sys.argv[2])
+    bin_s = float(sys.argv[3]) if len(sys.argv) > 3 else 10.0
+    drawn = stress.cells(CELLS_PER_SEED[seed0], seed0)
+    _, params, prof, slo_name, workers, pd, frac, seed = next(c for c in drawn if c[0] == index)
+    profile = resolve_profile(prof[0], prof[1], None)
+    slo = SLOS[slo_name]
+    model = CapacityModel.from_profile(profile, slo)
+    probe = stress.workload(params, 1.0, 600, seed, profile.context_limit)
+    rps = float(f"{frac * best_capacity_rate(model, probe, workers):.3g}")
+    n = int(min(max(rps * 600, 600), 3000))
+    w = stress.workload(params, rps, n, seed, profile.context_limit)
+    runs = [
+        (f"{p}P{workers - p}D static", SimConfig(profile, slo, p, workers - p), "static")
+        for p in range(1, workers)
+    ] + [(policy, SimConfig(profile, slo, pd, workers - pd), policy) for policy in
+         ("fluidtoken", "fluidrole", "fluidpd")]  # fmt: skip
+    bins = (np.asarray(w.arrivals) // bin_s).astype(int)
+    width = int(bins.max()) + 1
+    head = f"cell {index} of seed {seed0}: {params} {'/'.join(prof)} {slo_name}, {workers} workers"
+    print(f"{head} from {pd}P{workers - pd}D, {rps} req/s, {n} requests; misses per {bin_s:g} s")
+    counts = np.bincount(bins, minlength=width)
+    print(f"{'arrivals':18s}       ", " ".join(f"{x:3d}" for x in counts))
+    for name, base, policy in runs:
+        cfg = replace(base, noise=0.05, seed=seed, mechanisms=MECHANISMS[policy])
+        result = simulate(w, cfg)
+        reqs = sorted(result.requests, key=lambda r: r.rid)
+        ttft, tpot = good_mask(reqs, slo)
+        ok = ttft & tpot
+        at = (np.array([r.arrival for r in reqs]) // bin_s).astype(int)
+        misses = np.bincount(at, weights=~ok, minlength=width)
+        switches = [(round(s.t), f"{s.source}->{s.target}") for s in result.switches]
+        print(f"{name:18s} {100 * ok.mean():5.1f} %", " ".join(f"{int(x):3d}" for x in misses),
+              switches or "")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
