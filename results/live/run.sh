@@ -76,3 +76,18 @@ fluidpd evaluate --workload azure-mixed --rps 20 --num-requests 2000 --pd 4P4D \
 # Result: static 78.1 %, FluidPD 90.8 % live (+12.7 pp; simulated 78.5 / 91.2 %), 4 min 53 s.
 # The controller took two forecast D->P switches (4P4D -> 6P2D, PPI-bar 608 and 962 with the
 # prefill workers' busy fraction as the calibration). FluidPD >= static - 1 pp holds on both.
+
+# Issue #14, session 2026-12-03 night: both slices again at commit 2092528 (the rule of
+# ea2fc50: a failing split traded on the observation of its starved phase; a refused forecast
+# asked again while the recommendation persists), one after the other on the quiet machine
+# (1-min load 0.7-1.4), run with --out /tmp/live-long2 and /tmp/live-azure2 and copied (admin
+# tokens and pid files left out).
+fluidpd evaluate --workload long-chat-poisson --rps 4 --num-requests 240 --pd 4P4D \
+  --policies static,fluidpd --seed 0 --out results/live/long-chat-poisson-240-4rps-2026-12-03-night
+# Result: static 97.1 %, FluidPD 100.0 % live (+2.9 pp; simulated 97.9 / 99.6 %), 197 s.
+# The controller took two forecast D->P switches (PPI-bar 0.66 and 0.34; up-fluidpd/controller.log).
+fluidpd evaluate --workload azure-mixed --rps 20 --num-requests 2000 --pd 4P4D \
+  --policies static,fluidpd --seed 0 --out results/live/azure-mixed-2000-20rps-2026-12-03-night
+# Result: static 78.2 %, FluidPD 91.3 % live (+13.1 pp; simulated 78.5 / 91.2 %), 292 s.
+# The controller took two forecast D->P switches (4P4D -> 6P2D, PPI-bar 542 and 976).
+# FluidPD >= static - 1 pp holds on both.
