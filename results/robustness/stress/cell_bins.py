@@ -13,28 +13,31 @@ from dataclasses import replace
 import numpy as np
 import stress
 
-from fluidpd.core.policy_forecast import CapacityModel
-from fluidpd.profiles import resolve_profile
 from fluidpd.sim.metrics import good_mask
 from fluidpd.sim.policies import MECHANISMS
-from fluidpd.sim.robustness import SLOS, best_capacity_rate
 from fluidpd.sim.simulator import SimConfig, simulate
 
-CELLS_PER_SEED = {1: 200, 2: 150, 3: 150}
+CELLS_PER_SEED = {1: 200, 2: 150, 3: 150, 4: 150}
 
 
 def main() -> None:
-    seed0, index = int(sys.argv[1]), int(sys.argv[2])
-    bin_s = float(sys.argv[3]) if len(sys.argv) > 3 else 10.0
+    try:
+        seed0, index = int(sys.argv[1]), int(sys.argv[2])
+        bin_s = float(sys.argv[3]) if len(sys.argv) > 3 else 10.0
+    except (IndexError, ValueError):
+        sys.exit("usage: python cell_bins.py SEED CELL [BIN_S] (integers, and seconds > 0)")
+    if seed0 not in CELLS_PER_SEED or bin_s <= 0:
+        sys.exit(f"SEED: one of {sorted(CELLS_PER_SEED)}; BIN_S: seconds > 0")
     drawn = stress.cells(CELLS_PER_SEED[seed0], seed0)
-    _, params, prof, slo_name, workers, pd, frac, seed = next(c for c in drawn if c[0] == index)
-    profile = resolve_profile(prof[0], prof[1], None)
-    slo = SLOS[slo_name]
-    model = CapacityModel.from_profile(profile, slo)
-    probe = stress.workload(params, 1.0, 600, seed, profile.context_limit)
-    rps = float(f"{frac * best_capacity_rate(model, probe, workers):.3g}")
-    n = int(min(max(rps * 600, 600), 3000))
-    w = stress.workload(params, rps, n, seed, profile.context_limit)
+    cell = next((c for c in drawn if c[0] == index), None)
+    if cell is None:
+        sys.exit(f"CELL: {index} is not a cell of seed {seed0} (0-{len(drawn) - 1})")
+    _, params, prof, slo_name, workers, pd, _, seed = cell
+    traced = stress.cell_trace(cell)
+    if traced is None:
+        sys.exit(f"cell {index} of seed {seed0}: one prompt alone misses the TTFT target")
+    profile, slo, rps, w = traced
+    n = len(w)
     runs = [
         (f"{p}P{workers - p}D static", SimConfig(profile, slo, p, workers - p), "static")
         for p in range(1, workers)

@@ -25,6 +25,8 @@ import numpy as np
 
 from fluidpd.core.fluidrole import FluidRoleConfig
 from fluidpd.core.policy_forecast import CapacityModel
+from fluidpd.core.profile import Profile
+from fluidpd.core.types import SLO
 from fluidpd.profiles import resolve_profile
 from fluidpd.sim.metrics import attainment
 from fluidpd.sim.policies import MECHANISMS
@@ -79,8 +81,10 @@ def workload(params: Params, rps: float, n: int, seed: int, limit: int) -> Workl
     return Workload("stress", _arrivals(rng, kind, rps, n), prompts, outputs, (("all", 0, n),), "")
 
 
-def run(cell: tuple[Any, ...]) -> dict[str, Any]:
-    i, params, prof, slo_name, workers, pd, frac, seed = cell
+def cell_trace(cell: tuple[Any, ...]) -> tuple[Profile, SLO, float, Workload] | None:
+    """A cell's profile, SLO, rate (its fraction of r_best) and trace; None where one prompt
+    alone misses the TTFT target (no rate to speak of)."""
+    _, params, prof, slo_name, workers, _, frac, seed = cell
     profile = resolve_profile(prof[0], prof[1], None)
     slo = SLOS[slo_name]
     r_best = best_capacity_rate(
@@ -88,11 +92,20 @@ def run(cell: tuple[Any, ...]) -> dict[str, Any]:
         workload(params, 1.0, 600, seed, profile.context_limit),
         workers,
     )
-    if r_best <= 0.01:  # one prompt alone misses the TTFT target: no rate to speak of
-        return {"i": i, "skip": True}
+    if r_best <= 0.01:
+        return None
     rps = float(f"{frac * r_best:.3g}")
     n = int(min(max(rps * 600, 600), 3000))
-    w = workload(params, rps, n, seed, profile.context_limit)
+    return profile, slo, rps, workload(params, rps, n, seed, profile.context_limit)
+
+
+def run(cell: tuple[Any, ...]) -> dict[str, Any]:
+    i, params, prof, slo_name, workers, pd, frac, seed = cell
+    traced = cell_trace(cell)
+    if traced is None:
+        return {"i": i, "skip": True}
+    profile, slo, rps, w = traced
+    n = len(w)
     base = SimConfig(profile, slo, pd, workers - pd, noise=0.05, seed=seed)
     out: dict[str, Any] = {
         "i": i, "params": params, "profile": "/".join(prof), "slo": slo_name,
