@@ -79,6 +79,7 @@ class SidecarCommand:
     tpot_slo: float
     eta: float
     token_dpi_load_high: float
+    token_split_budget: bool = False
     url: str | None = None
     engine: str = "sim"
     kv_transfer: str = "sim"
@@ -124,6 +125,8 @@ class SidecarCommand:
                 args += [flag, str(value)]
         if not self.fluidtoken:
             args.append("--no-fluidtoken")
+        if self.token_split_budget:
+            args.append("--token-split-budget")
         if self.adaptive:
             args.append("--adaptive")
         if self.gpu is not None:

@@ -24,6 +24,12 @@ def add_slo_options(g: Group) -> None:
 def add_fluidtoken_options(g: Group) -> None:
     add_float(g, "--eta", 1.25, "FluidToken slack multiplier eta (eq. 15)")
     add_float(g, "--token-dpi-load-high", 0.6, "FluidToken DPI_load gate (eq. 12)")
+    g.add_argument(
+        "--token-split-budget",
+        action="store_true",
+        help="split a decode worker's stealing budget evenly among its prefill workers "
+        "(eq. 17 as the paper states it; default: the whole budget, every commit counted)",
+    )
 
 
 def add_fluidrole_options(g: Group) -> None:
@@ -48,7 +54,10 @@ def slo_config(args: argparse.Namespace) -> SLO:
 def fluidtoken_config(args: argparse.Namespace, enabled: bool = True) -> FluidTokenConfig:
     try:
         return FluidTokenConfig(
-            enabled=enabled, eta=args.eta, dpi_load_high=args.token_dpi_load_high
+            enabled=enabled,
+            eta=args.eta,
+            dpi_load_high=args.token_dpi_load_high,
+            split_budget=args.token_split_budget,
         )
     except ValueError as exc:
         raise UserError(str(exc)) from None

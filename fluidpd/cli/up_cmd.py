@@ -321,6 +321,7 @@ def run(args: argparse.Namespace) -> int:
                 tpot_slo=args.tpot_slo,
                 eta=args.eta,
                 token_dpi_load_high=args.token_dpi_load_high,
+                token_split_budget=args.token_split_budget,
                 engine=args.engine,
                 kv_transfer=args.kv_transfer,
                 kv_arena_mib=args.kv_arena_mib,

@@ -147,12 +147,7 @@ class Simulator:
         self._max_span = 1 if cfg.adaptive else MAX_SPAN
         self._true_times = StepTimes(cfg.profile, cfg.noise, cfg.drift, self._rng)
         self._transfer = cfg.profile.transfer_model()
-        token_cfg = FluidTokenConfig(
-            enabled=cfg.mechanisms.fluidtoken,
-            eta=cfg.token_cfg.eta,
-            dpi_load_high=cfg.token_cfg.dpi_load_high,
-            eps=cfg.token_cfg.eps,
-        )
+        token_cfg = replace(cfg.token_cfg, enabled=cfg.mechanisms.fluidtoken)
         self._token_cfg = token_cfg
         self.workers: dict[str, Worker] = {}
         for i in range(cfg.n_prefill + cfg.n_decode):

@@ -165,6 +165,7 @@ def sidecar_command(spec: DeploymentSpec) -> SidecarCommand:
         tpot_slo=spec.slo.tpot_seconds,
         eta=spec.fluid_token.eta,
         token_dpi_load_high=spec.fluid_token.dpi_load_high,
+        token_split_budget=spec.fluid_token.split_budget,
         engine=spec.engine.backend,
         kv_transfer=spec.engine.transfer(),
         fluidtoken=spec.fluid_token.enabled,

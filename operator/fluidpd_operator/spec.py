@@ -134,6 +134,7 @@ class FluidTokenSpec(_Spec):
     enabled: bool = True
     eta: float = 1.25
     dpi_load_high: float = Field(0.6, alias="dpiLoadHigh")
+    split_budget: bool = Field(False, alias="splitBudget")
 
 
 class FluidRoleSpec(_Spec):

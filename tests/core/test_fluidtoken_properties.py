@@ -565,6 +565,42 @@ def test_pending_suffixes_take_their_fixed_cost_from_the_allowance() -> None:
     assert budget([20]) < full and budget([20, 20]) < budget([20])
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    st.floats(1e-3, 0.08),
+    st.floats(1e-6, 1e-4),
+    st.floats(0.0, 0.02),
+    st.integers(1, 8),
+    st.lists(st.floats(0.0, 1.0), min_size=1, max_size=40),
+)
+def test_whole_budget_commits_stay_within_the_allowance(
+    a0: float, s1: float, s0: float, n_prefill: int, takes: list[float]
+) -> None:
+    """Any number of prefill workers, each committing any part of the budget it reads after
+    the commits before it: the pending suffixes never take more than the allowance of
+    SUFFIX_QUEUE_ITERATIONS iterations, whatever |P| (the advertisement does not depend on
+    it), while eq. (17)'s split advertises 1/|P| of the whole."""
+    decode = DecodeIterPredictor(a_c=0.0, a_n=0.0, a_0=a0)
+    suffix = SuffixPredictor(s1=s1, s0=s0)
+    cfg = FluidTokenConfig()
+    slack = 0.1 - a0
+
+    def budget(pending: list[int], n: int, c: FluidTokenConfig = cfg) -> float:
+        return advertised_budget(0.1, decode, suffix, 0, 0, pending, 0.0, n, c)
+
+    whole = budget([], 1)
+    assert budget([], n_prefill) == whole
+    split = budget([], n_prefill, FluidTokenConfig(split_budget=True))
+    assert split == pytest.approx(whole / n_prefill)
+    pending: list[int] = []
+    for take in takes:
+        tokens = int(take * budget(pending, n_prefill))
+        if tokens > 0:
+            pending.append(tokens)
+        spent = sum(suffix.time(x) for x in pending)
+        assert spent <= cfg.eta * slack * SUFFIX_QUEUE_ITERATIONS + 1e-9
+
+
 def test_donor_cap_with_cheap_suffix_and_large_s0() -> None:
     prefill = PrefillPredictor(c1=1.0, c0=0.0)
     suffix = SuffixPredictor(s1=0.5, s0=2.0)  # cheaper per token than prefill, fixed cost 2

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import fluidpd
-from fluidpd.core.fluidtoken import FluidTokenConfig, plan_stealing
+from fluidpd.core.fluidtoken import FluidTokenConfig, plan_stealing, tpot_slack
 from fluidpd.core.profile import Profile
 from fluidpd.core.scheduler.decode import DecodeBatch
 from fluidpd.core.scheduler.messages import (
@@ -362,10 +362,43 @@ def test_continuous_batching_exact_token_counts() -> None:
 
 def test_steal_budget_zero_when_loaded_or_draining() -> None:
     d = make("d", Role.DECODE)
-    assert d.decode.steal_budget(1) > 0  # idle: full slack
-    assert d.decode.steal_budget(4) == pytest.approx(d.decode.steal_budget(1) / 4, abs=1)
+    whole = d.decode.steal_budget(1)
+    assert whole > 0  # idle: full slack
+    # Advertised whole to each of four prefill workers (their commits are counted instead),
+    # split four ways only with eq. (17)'s even split; no prefill worker, no budget.
+    assert d.decode.steal_budget(4) == whole
+    assert d.decode.steal_budget(0) == 0.0
+    split = Worker.create("s", Role.DECODE, BASE, SLO_, FluidTokenConfig(split_budget=True))
+    assert split.decode.steal_budget(4) == pytest.approx(whole / 4, abs=1)
     d.begin_switch(Role.PREFILL, 0.0)
     assert d.decode.steal_budget(1) == 0.0
+
+
+def test_racing_commits_past_the_budget_wait_for_slack_not_tpot() -> None:
+    """Two prefill workers that read one budget before either commits (live, between two
+    refreshes) commit it twice: the decode worker runs the suffixes one iteration's
+    eta-scaled slack at a time, so the second suffix waits an iteration."""
+    d = make("d", Role.DECODE)
+    bus = Bus.of(make("p", Role.PREFILL), d)
+    room = int(d.decode.steal_budget(2))
+    rs = [req(i, prompt=room + 50, out=4) for i in range(2)]
+    for r in rs:
+        r.prefill_worker = "p"
+        d.decode.add(r)
+        bus.pump()
+        d.decode.suffix_committed(r.rid, room)
+    assert d.decode.steal_budget(2) == 0.0  # twice the room is pending
+    for r in rs:
+        d.decode.handoff_done(r.rid, 50, 0.0)
+    allow = FluidTokenConfig().eta * tpot_slack(SLO_.tpot, d.decode.decode, 0, 0)
+    first = d.next_batch(0.0)
+    assert isinstance(first, DecodeBatch) and [r.rid for r in first.suffix] == [0]
+    assert first.predicted_s <= allow
+    d.finish_batch(first, first.predicted_s, first.predicted_s)
+    bus.pump()
+    second = d.next_batch(first.predicted_s)
+    assert isinstance(second, DecodeBatch) and [r.rid for r in second.suffix] == [1]
+    assert bus.first[0] == first.predicted_s and 1 not in bus.first
 
 
 # --------------------------------------------------------------------------------------------

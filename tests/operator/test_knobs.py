@@ -120,6 +120,7 @@ def test_sidecar_command_parses_back_to_its_fields() -> None:
         tpot_slo=0.05,
         eta=1.1,
         token_dpi_load_high=0.7,
+        token_split_budget=True,
         engine="gpu",
         kv_transfer="shm",
         kv_arena_mib=512,
@@ -134,6 +135,7 @@ def test_sidecar_command_parses_back_to_its_fields() -> None:
     assert (a.id, a.role, a.host, a.port, a.url) == ("w3", "decode", "10.0.0.3", 8123, cmd.url)
     assert (a.profile, a.model_dir) == ("/etc/p.yaml", "/mnt/models")
     assert (a.ttft_slo, a.tpot_slo, a.eta, a.token_dpi_load_high) == (1.5, 0.05, 1.1, 0.7)
+    assert a.token_split_budget is True
     assert (a.engine, a.kv_transfer, a.kv_arena_mib) == ("gpu", "shm", 512)
     assert (a.no_fluidtoken, a.adaptive, a.force_steal) == (True, True, 0.25)
     assert (a.noise, a.drift, a.seed) == (0.1, 1.2, 7)
