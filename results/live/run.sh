@@ -91,3 +91,18 @@ fluidpd evaluate --workload azure-mixed --rps 20 --num-requests 2000 --pd 4P4D \
 # Result: static 78.2 %, FluidPD 91.3 % live (+13.1 pp; simulated 78.5 / 91.2 %), 292 s.
 # The controller took two forecast D->P switches (4P4D -> 6P2D, PPI-bar 542 and 976).
 # FluidPD >= static - 1 pp holds on both.
+
+# Issue #14, session 2026-12-03 late: both slices at commit 980c4e5 (FluidToken advertises a
+# decode worker's whole admissible suffix to each prefill worker; eq. 17's split is
+# --token-split-budget), the Azure slice with FluidToken alone too, one after the other on the
+# quiet machine (1-min load 0.6-1.7), run with --out /tmp/live-long3 and /tmp/live-azure3 and
+# copied (admin tokens and pid files left out).
+fluidpd evaluate --workload long-chat-poisson --rps 4 --num-requests 240 --pd 4P4D \
+  --policies static,fluidpd --seed 0 --out results/live/long-chat-poisson-240-4rps-whole-budget
+# Result: static 97.1 %, FluidPD 100.0 % live (+2.9 pp; simulated 97.9 / 99.6 %), 198 s.
+# The controller took two forecast D->P switches (PPI-bar 0.66 and 0.33).
+fluidpd evaluate --workload azure-mixed --rps 20 --num-requests 2000 --pd 4P4D \
+  --policies static,fluidtoken,fluidpd --seed 0 --out results/live/azure-mixed-2000-20rps-whole-budget
+# Result: static 78.5 %, FluidToken 92.3 %, FluidPD 96.5 % live (simulated 78.5 / 93.2 / 98.7 %;
+# at 2092528, with eq. 17's split: 78.2 / - / 91.3 % live), 436 s. The controller took two
+# forecast D->P switches (4P4D -> 6P2D, PPI-bar 1.69 both). FluidPD >= static - 1 pp on both.
