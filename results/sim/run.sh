@@ -38,5 +38,11 @@ for drift in 1.3 2.0; do
     --out results/sim/drift-$drift-adaptive
 done
 
+# FluidToken with eq. 17's even split of a decode worker's budget among the prefill workers
+# (the paper's; the default advertises the whole budget, every commit counted against it).
+fluidpd sim --workload azure-mixed,azure-staged --rps 10,15,20,25,30,35,40 --pd 4P4D \
+  --policy fluidtoken,fluidpd --token-split-budget --seed 0 --timeseries-rps 40 \
+  --series-json plotted --quiet --out results/sim/llama-3.1-8b-a100-4p4d-split-budget
+
 # Control-iteration latency and whole-replay speed.
 fluidpd bench --out results/bench
