@@ -9,6 +9,8 @@ from fluidpd.sim.robustness import (
     cells,
     check,
     count_cells,
+    format_overall,
+    format_rows,
     max_switches_per,
     overall,
     quick_reversals,
@@ -47,6 +49,29 @@ def test_reduced_suite_runs_and_is_reproducible() -> None:
     assert row["max_switches_10min"] <= 2  # the switch budget
     summary = overall(rows)
     assert summary["cells"] == 1 and summary["worst_vs_static_pp"] == row["vs_static_pp"]
+
+
+def test_a_cell_no_split_can_serve_is_skipped_not_compared() -> None:
+    """Qwen3-14B on an A100 needs 1.1 s for an 8K-token prefill: with a 1 s TTFT target no
+    split carries any rate of 8K-token chats. The cell is reported as skipped (the full matrix
+    used to stop at it with "rps must be > 0") and the bars are taken over the others."""
+    size = replace(
+        SIZES["ci"],
+        long_requests=120,
+        workloads=("long-chat-poisson",),
+        profiles=(("qwen3-14b", "a100-80gb"), ("llama-3.1-8b", "h200")),
+        slos=("strict",),
+        fractions=(0.6,),
+    )
+    skipped, ran = run_suite(size, seed=1)
+    assert skipped["model"] == "qwen3-14b" and "TTFT 1 s" in skipped["skipped"]
+    assert check(skipped) == [] and "rps" not in skipped
+    assert ran["requests"] == 120 and "skipped" not in ran
+    summary = overall([skipped, ran])
+    assert summary["cells"] == 1 and summary["cells_skipped"] == 1
+    assert summary["mean_vs_static_pp"] == ran["vs_static_pp"]
+    assert "skipped: no static split meets TTFT 1 s" in format_rows([skipped, ran])
+    assert "(and 1 skipped)" in format_overall(summary)
 
 
 def test_bars_are_checked() -> None:
