@@ -28,7 +28,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -45,7 +44,7 @@ from fluidpd.api.sampling import SamplingParams
 from fluidpd.drills.stack import urls_of
 from fluidpd.modeldir.model_dir import load_model_dir
 from fluidpd.modeldir.text import TokenText
-from fluidpd_sidecar.sglang.server import SglangConfig, SglangServer
+from fluidpd_sidecar.sglang.server import SglangConfig, SglangServer, free_ports
 from fluidpd_sidecar.sglang.wire import new_tokens
 from fluidpd_sidecar.stopping import OutputStream
 
@@ -64,16 +63,6 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 #: prefill server at once (``--sglang-prefill-window``).
 WINDOW = 2
 PREFILL, DECODE = ("w0", "w1"), "w2"
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 @dataclass
@@ -103,7 +92,7 @@ def up(
     sglang_python: str, tiny_llama_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Up]:
     run_dir = tmp_path_factory.mktemp("sglang-up")
-    plain_port, hook = _free_ports(2)
+    plain_port, hook = free_ports(2)
     # Static: no controller switches roles behind the tests' backs (FluidRole's test switches
     # them itself), and FluidToken is forced per test through the admin route.
     cmd = [

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import random
 import re
 import signal
 import socket
@@ -306,13 +307,50 @@ class SglangServer:
         await self._kill()
 
 
-def free_ports(n: int, host: str = "127.0.0.1") -> Sequence[int]:
-    """``n`` distinct ports free right now (SGLang and its hook listen on them)."""
-    socks = []
+#: Where explicitly chosen listening ports start (below the kernel's ephemeral range).
+LISTEN_PORT_FLOOR = 10_000
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def _ephemeral_start() -> int:
     try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind((host, 0))
+        return int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _bound(host: str, port: int) -> socket.socket | None:
+    s = socket.socket()
+    try:
+        s.bind((host, port))
+    except OSError:
+        s.close()
+        return None
+    return s
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> Sequence[int]:
+    """``n`` distinct ports free right now (SGLang and its hook listen on them).
+
+    They are drawn below the kernel's ephemeral range where there is one: SGLang's scheduler
+    binds the hook's port only after loading the model, seconds later, and a port of the
+    ephemeral range can meanwhile go to any outgoing connection (seen in CI: the hook's bind
+    failed with EADDRINUSE and SGLang died starting). Without that range, the kernel picks.
+    """
+    rng = random.Random()
+    top = _ephemeral_start()
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(100 * n if top > LISTEN_PORT_FLOOR + n else 0):
+            if len(socks) == n:
+                break
+            s = _bound(host, rng.randrange(LISTEN_PORT_FLOOR, top))
+            if s is not None:
+                socks.append(s)
+        while len(socks) < n:
+            s = _bound(host, 0)
+            if s is None:
+                raise OSError(f"no free port on {host}")
             socks.append(s)
         return [s.getsockname()[1] for s in socks]
     finally:
