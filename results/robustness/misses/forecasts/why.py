@@ -7,10 +7,14 @@ Each line is followed by the donor check taken apart: ``scale`` is the decode ca
 ``model_now`` the modelled decode ratio of the current split at the window's rate, and the
 modelled decode ratio of the split after the switch (uncalibrated) at the window's rate
 (``after@rate``) and at the rate the donor is checked at (``after@bound``: the higher of the
-rate's upper bound, ``RATE_Z`` compound-Poisson standard errors, and the recent peak)."""
+rate's upper bound, ``RATE_Z`` compound-Poisson standard errors, and the recent peak).
+
+With ``WHY_SOURCE=prefill`` in the environment it prints the P->D forecasts instead (every
+10 s, the first line only)."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 import fluidpd.core.fluidrole as fr
@@ -26,6 +30,7 @@ from fluidpd.core.policy_forecast import (
 from fluidpd.core.types import Role
 
 _forecast = fr.FluidRolePolicy._forecast
+SOURCE = Role(os.environ.get("WHY_SOURCE", "decode"))
 
 
 def logged(
@@ -33,7 +38,7 @@ def logged(
 ) -> Forecast:
     f = _forecast(self, now, p, demand, source)
     ok = clearly_worth(f, self.cfg.gain_margin)
-    if source is Role.DECODE and (int(now) % 10 == 0 or ok):
+    if source is SOURCE and (int(now) % 10 == 0 or ok):
         busy = "-" if p.prefill_busy is None else f"{p.prefill_busy:.2f}"
         print(
             f"t={now:6.0f} split={p.n_prefill}P{p.n_decode}D ppi={p.ppi_bar:7.2f} busy={busy}"
@@ -43,6 +48,8 @@ def logged(
             f" donor_after={f.donor_after:.2f} clearly_worth={ok}",
             file=sys.stderr,
         )
+        if source is Role.PREFILL:
+            return f
         m = self.model
         assert m is not None
         split = Split(p.n_prefill, p.n_decode)
