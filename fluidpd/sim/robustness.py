@@ -249,9 +249,9 @@ def _oracle(w: Workload, base: SimConfig) -> float:
 
 def check(row: dict[str, Any]) -> list[str]:
     """The issue's bars this cell misses (none for a skipped cell)."""
-    misses: list[str] = []
     if "skipped" in row:
-        return misses
+        return []
+    misses = []
     if row["vs_static_pp"] < -1.0:
         misses.append("static-1pp")
     if row["oracle"] >= 0.9 and row["vs_oracle_pp"] < -2.0:

@@ -71,6 +71,8 @@ def test_spec_defaults_mirror_the_crd() -> None:
     assert s.workers == props["workers"]["default"]
     assert s.slo.ttft_seconds == props["slo"]["properties"]["ttftSeconds"]["default"]
     assert s.fluid_token.eta == props["fluidToken"]["properties"]["eta"]["default"]
+    split = props["fluidToken"]["properties"]["splitBudget"]["default"]
+    assert s.fluid_token.split_budget is split is False
     role_props = props["fluidRole"]["properties"]
     assert s.fluid_role.n_persist == role_props["nPersist"]["default"]
     assert s.fluid_role.drain_mode.value == role_props["drainMode"]["default"]
@@ -140,12 +142,20 @@ def test_worker_pod_keeps_the_role_out_of_the_template() -> None:
 
 
 def test_worker_pod_options() -> None:
-    s = spec(fluidToken={"enabled": False}, engine={"image": "mine:2", "args": ["--seed", "3"]},
+    s = spec(fluidToken={"enabled": False, "splitBudget": True},
+             engine={"image": "mine:2", "args": ["--seed", "3"]},
              model={"name": "m", "profileConfigMap": "prof"},
              authSecretRef={"name": "tok", "key": "k"})  # fmt: skip
     pod = res.worker_pod(OWNER, s, "llm-worker-1", Role.PREFILL, "img:1")
     c = pod["spec"]["containers"][0]
     assert "--no-fluidtoken" in c["args"] and c["args"][-2:] == ["--seed", "3"]
+    assert "--token-split-budget" in c["args"]
+    assert (
+        "--token-split-budget"
+        not in res.worker_pod(OWNER, spec(), "w", Role.PREFILL, "i")["spec"]["containers"][0][
+            "args"
+        ]
+    )
     assert c["args"][c["args"].index("--profile") + 1] == f"{res.PROFILE_DIR}/profile.yaml"
     assert "--model" not in c["args"]
     assert c["image"] == "mine:2"
