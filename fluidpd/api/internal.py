@@ -303,6 +303,8 @@ class PressureReport(_Model):
     retiring: bool = False
     #: A prefill worker's measured busy fraction over the last 10 s (null: not measured).
     busy: float | None = None
+    #: Requests waiting for KV room on a decode worker (SGLang's prealloc queue).
+    kv_waiting: int = 0
     stolen_tokens: int = 0
     switches: int = 0
     #: The last completed switch: direction and drain start / finish (UNIX seconds).

@@ -198,6 +198,7 @@ class FluidRoleController:
                 r["dpi_adm"],
                 r["drain_cost"],
                 r.get("busy"),
+                int(r.get("kv_waiting", 0)),
             )
             for r in self.reports.values()
         ]

@@ -44,9 +44,9 @@ class FluidRoleConfig:
     #: HPA's scale-down stabilization window): under bursty load, capacity moved towards the
     #: phase that just starved should not leave again in the next lull.
     reversal_cooldown_s: float = 300.0
-    #: ...unless the phase the reversal would help is saturated (decode KV this fully
-    #: committed, or prefill this far past its deadlines): then the previous switch went too
-    #: far, and waiting out the window would only starve that phase longer.
+    #: A phase is saturated with decode KV this fully committed, or prefill this far past its
+    #: deadlines: a switch whose donor is saturated while the receiver is not was wrong, and
+    #: is undone (``FluidRolePolicy._verify``).
     dpi_adm_saturated: float = 0.95
     ppi_saturated: float = 2.0
     #: ...and, where the prefill workers report it, their measured busy fraction this high:
@@ -111,6 +111,8 @@ class WorkerSignals:
     drain_cost: float = 0.0
     #: A prefill worker's measured busy fraction over the recent window (None: not measured).
     busy: float | None = None
+    #: Requests waiting for KV room on a decode worker.
+    kv_waiting: int = 0
 
 
 class Recommendation(StrEnum):
@@ -131,6 +133,8 @@ class PoolPressure:
     n_decode: int = 1
     #: Mean measured busy fraction of the active prefill workers (None unless all report it).
     prefill_busy: float | None = None
+    #: Mean requests per active decode worker waiting for its KV.
+    decode_waiting: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +157,8 @@ class _Check:
     source: Role
     direction: Recommendation
     at: float
+    #: When the switch started.
+    started: float = float("-inf")
 
 
 def decode_saturated(p: PoolPressure, cfg: FluidRoleConfig) -> bool:
@@ -283,6 +289,10 @@ class FluidRolePolicy:
     _starts: deque[float] = field(default_factory=deque)
     _check: _Check | None = None
     _undo_due: _Check | None = None
+    #: A checked switch still watched until the end of its reversal cooldown (``_watch``),
+    #: and since when its donor has been starved without a break.
+    _watch: _Check | None = None
+    _starved_since: float | None = None
     _frozen_until: dict[Recommendation, float] = field(default_factory=dict)
     #: The decode pool's pressure, max(DPI-bar_load, DPI-bar_adm), per interval since its
     #: size last changed: what calibrates the forecast's decode model.
@@ -313,6 +323,7 @@ class FluidRolePolicy:
         measured = [b for b in busy if b is not None]
         complete = bool(busy) and len(measured) == len(busy)
         prefill_busy = sum(measured) / len(measured) if complete else None
+        waiting = sum(w.kv_waiting for w in decode) / len(decode) if decode else 0.0
         return PoolPressure(
             prefill_pool_pressure(percentiles),
             load,
@@ -320,6 +331,7 @@ class FluidRolePolicy:
             len(percentiles),
             len(decode),
             prefill_busy,
+            waiting,
         )
 
     def observe(
@@ -334,7 +346,7 @@ class FluidRolePolicy:
         """
         pressure = self._record(now, workers)
         self.last_pressure = pressure
-        self._note_decode(now, pressure)
+        self._note_decode(now, pressure, demand)
         predictive = self._predictive(demand)
         undo = self._verify(now, pressure, workers, demand if predictive else None)
         if undo is not None:
@@ -354,7 +366,7 @@ class FluidRolePolicy:
             return Recommendation.NONE
         if any(w.state is not RoleState.ACTIVE for w in workers):
             return Recommendation.NONE
-        if self._stabilizing(rec, pressure, now):
+        if self._stabilizing(rec, pressure, now, predictive):
             return Recommendation.NONE
         if now < self._frozen_until.get(rec, float("-inf")) or not self._budget_left(now):
             return Recommendation.NONE
@@ -375,7 +387,7 @@ class FluidRolePolicy:
                 return Recommendation.NONE
         decision = self._commit(now, workers, source, rec, pressure, forecast)
         if decision is not None and forecast is not None:
-            self._check = _Check(source, rec, math.inf)
+            self._check, self._watch = _Check(source, rec, math.inf, now), None
         return decision or Recommendation.NONE
 
     def _forecast(self, now: float, p: PoolPressure, demand: Demand, source: Role) -> Forecast:
@@ -393,11 +405,21 @@ class FluidRolePolicy:
             demand, split, source, self.cfg.horizon_s, migrate, observed, p.ppi_bar, p.prefill_busy
         )
 
-    def _note_decode(self, now: float, p: PoolPressure) -> None:
+    def _note_decode(self, now: float, p: PoolPressure, demand: Demand | None = None) -> None:
         """Keeps this interval's decode-pool pressure, dropping what precedes the pool's
-        last size change or ``DECODE_HISTORY_S``."""
+        last size change or ``DECODE_HISTORY_S``.
+
+        DPI_adm cannot pass 1: what a full pool cannot admit waits for its KV. So the KV the
+        waiting requests would commit (``CapacityModel.waiting_kv``, at the demand's mean
+        request) is added to it, and an overloaded pool reads past 1, by more the longer its
+        queue. Read as 1, a decode worker left alone by a D->P switch ran at 1.00 for four
+        minutes while its queue grew to 23 requests (every request missing TTFT), and the
+        forecast saw no gain in moving a worker back."""
+        value = max(p.dpi_load_bar, p.dpi_adm_bar)
+        if p.decode_waiting > 0 and self.model is not None and demand is not None:
+            value = max(value, p.dpi_adm_bar + self.model.waiting_kv(demand, p.decode_waiting))
         seen = self._decode_seen
-        seen.append((now, max(p.dpi_load_bar, p.dpi_adm_bar)))
+        seen.append((now, value))
         while seen[0][0] < max(now - DECODE_HISTORY_S, self._last_switch_end):
             seen.popleft()
 
@@ -488,10 +510,13 @@ class FluidRolePolicy:
         check = self._check
         if check is not None and self._switching is None and now >= check.at:
             self._check = None
+            self._watch, self._starved_since = check, None
             if donor_starved(check.source, p, self.cfg):
                 self._frozen_until[check.direction] = now + self.cfg.freeze_s
                 if demand is None or self._back_wins(now, p, demand, check.source.other):
-                    self._undo_due = check
+                    self._undo_due, self._watch = check, None
+        elif self._watch is not None and self._switching is None and self._undo_due is None:
+            self._watch_donor(now, p)
         due = self._undo_due
         if due is None or self._switching is not None:
             return None
@@ -503,6 +528,32 @@ class FluidRolePolicy:
             self._undo_due = None
             self.undone += 1
         return decision
+
+    def _watch_donor(self, now: float, p: PoolPressure) -> None:
+        """Watches a checked switch's donor until the next switch: a donor starved without a
+        break for ``settle_s`` refutes the switch by observation, and it is undone whatever
+        the forecast says, once the switch is older than the reversal cooldown and within
+        the switch budget (so that an undo of this kind never counts as flapping).
+
+        The forecast counts a gain at the lower bound of the rate and checks the donor at the
+        upper one, so that a switch away from a working split needs clear evidence; the same
+        bounds also make staying away look safe. A decode worker left alone by a D->P switch
+        filled as the rate rose by a fifth, with DPI_adm 0.95-1.00 and the prefill workers
+        busy half of the time; every request missed TTFT for four minutes while the forecast
+        at the rate's lower bound put the way back at a larger loss (static 70.2 %, FluidPD
+        59.1 %). The check at ``settle_s`` after the switch sees only what the switch itself
+        did; this sees what the load brought after it, which the undo must answer too."""
+        watch = self._watch
+        assert watch is not None
+        if not donor_starved(watch.source, p, self.cfg):
+            self._starved_since = None
+            return
+        if self._starved_since is None:
+            self._starved_since = now
+        old = now >= watch.started + self.cfg.reversal_cooldown_s
+        if now - self._starved_since >= self.cfg.settle_s and old and self._budget_left(now):
+            self._frozen_until[watch.direction] = now + self.cfg.freeze_s
+            self._undo_due, self._watch = watch, None
 
     def _back_wins(self, now: float, p: PoolPressure, demand: Demand, source: Role) -> bool:
         """Whether the forecast of moving a ``source`` worker back clearly wins."""
@@ -519,14 +570,25 @@ class FluidRolePolicy:
         saturated while the donor is not."""
         return clearly_worth(f, self.cfg.gain_margin, donor_starved(source.other, p, self.cfg))
 
-    def _stabilizing(self, rec: Recommendation, p: PoolPressure, now: float) -> bool:
-        """Whether ``rec`` reverses the last switch inside the reversal cooldown."""
+    def _stabilizing(
+        self, rec: Recommendation, p: PoolPressure, now: float, predictive: bool
+    ) -> bool:
+        """Whether ``rec`` reverses the last switch inside the reversal cooldown.
+
+        Under the paper rule a saturated phase lets the reversal through if the other one is
+        not (``donor_starved``): nothing else would undo a switch that went too far. The
+        predictive rule makes no such exception: a reversal inside the cooldown is flapping
+        by the robustness suite's measure, and those it let through (the forecast,
+        calibrated by a full decode pool, won the way back) were 3 of the full matrix's 5.
+        A switch its donor's observation refutes is undone by ``_verify`` instead: at once
+        if the forecast of the way back wins when the switch has settled, otherwise once
+        the cooldown is over (``_watch_donor``)."""
         if self._last_direction in (Recommendation.NONE, rec):
             return False
         if now >= self._last_switch_end + self.cfg.reversal_cooldown_s:
             return False
-        # A saturated phase lets the reversal through only if the other one is not (the same
-        # test as a refuted switch's, ``donor_starved``).
+        if predictive:
+            return True
         donor = Role.DECODE if rec is Recommendation.D_TO_P else Role.PREFILL
         return not donor_starved(donor.other, p, self.cfg)
 
@@ -548,7 +610,8 @@ class FluidRolePolicy:
         self._last_switch_end = now
         self._windows.pop(worker, None)
         if self._check is not None and self._check.at == math.inf:
-            self._check = _Check(self._check.source, self._check.direction, now + self.cfg.settle_s)
+            c = self._check
+            self._check = _Check(c.source, c.direction, now + self.cfg.settle_s, c.started)
 
     def switch_resumed(self, worker: str) -> None:
         """A harness that restarted mid-switch (its state came back from the cluster) tells the

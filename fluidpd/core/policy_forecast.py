@@ -334,6 +334,12 @@ class CapacityModel:
         held = concurrency + d.rate / n_decode * (queued_s + d.prefill_s)
         return concurrency, n_tpot, held, slots
 
+    def waiting_kv(self, d: Demand, waiting: float) -> float:
+        """The KV ``waiting`` requests would commit (prompt + clipped output each, at the
+        demand's means), as a fraction of one worker's capacity."""
+        commit = d.prompt + min(d.output, self.reserve_output_clip)
+        return waiting * commit / self.kv_capacity if self.kv_capacity > 0 else math.inf
+
     def decode_ratio(self, d: Demand, n_decode: int, queued_s: float = 0.0) -> float:
         """max(concurrency / N_TPOT, committed KV / capacity) for ``n_decode`` workers."""
         if d.rate <= 0:

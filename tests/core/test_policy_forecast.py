@@ -158,7 +158,8 @@ def _switched_from_2p4d() -> tuple[FluidRolePolicy, Demand]:
 def test_refuted_switch_whose_way_back_loses_is_frozen_not_undone() -> None:
     # Decode saturated after a D->P switch that took prefill out of overload (30 req/s of
     # 2K prompts at 2P): the forecast of moving the worker back overloads prefill again, so
-    # the switch stays and only its direction is frozen (no reversal inside the cooldown).
+    # the check at settle_s leaves the switch and only freezes its direction (no reversal
+    # inside the cooldown), unless the starvation lasts (the next test).
     policy, d = _switched_from_2p4d()
     starved = fleet(3, 3, 0.2, 0.9, 0.99)
     assert not isinstance(policy.observe(12.0, starved, d), SwitchDecision)
@@ -166,6 +167,61 @@ def test_refuted_switch_whose_way_back_loses_is_frozen_not_undone() -> None:
     f = policy.last_forecast
     assert f is not None and not clearly_worth(f, CFG.gain_margin)
     assert not isinstance(policy.observe(50.0, fleet(3, 3, 3.0, 0.05, 0.05), d), SwitchDecision)
+
+
+def test_a_donor_starved_for_settle_s_after_the_check_undoes_the_switch() -> None:
+    # The same switch, its donor fine when checked; later the load brings the decode pool to
+    # saturation while prefill idles. Starvation without a break for settle_s undoes the
+    # switch, although the forecast of the way back (at the rate's lower bound) does not
+    # win, but not inside the reversal cooldown (that would be flapping) and not before
+    # settle_s without a break.
+    policy, d = _switched_from_2p4d()
+    fine, starved = fleet(3, 3, 0.2, 0.3, 0.3), fleet(3, 3, 0.2, 0.9, 0.99)
+    assert not isinstance(policy.observe(12.0, fine, d), SwitchDecision)
+    for t in (100.0, 200.0, 295.0, 305.0, 310.0):
+        assert not isinstance(policy.observe(t, fine if t == 295.0 else starved, d), SwitchDecision)
+    assert CFG.reversal_cooldown_s == 300.0 and policy.undone == 0
+    undo = policy.observe(315.0, starved, d)
+    assert isinstance(undo, SwitchDecision) and undo.undo and policy.undone == 1
+    assert undo.source is Role.PREFILL and undo.target is Role.DECODE
+    policy.switch_finished(undo.worker, 316.0)
+    # Once undone, D->P is frozen for freeze_s, however hard eq. (22) asks.
+    assert not isinstance(policy.observe(317.0, fleet(2, 4, 3.0, 0.05, 0.05), d), SwitchDecision)
+
+
+def test_both_phases_saturated_later_does_not_undo() -> None:
+    # Starvation is the donor saturated while the receiver is not: a later overload of both
+    # (prefill workers busy throughout) is no evidence against the switch.
+    policy, d = _switched_from_2p4d()
+    assert not isinstance(policy.observe(12.0, fleet(3, 3, 0.2, 0.3, 0.3), d), SwitchDecision)
+    both = [
+        replace(w, busy=0.97) if w.role is Role.PREFILL else w for w in fleet(3, 3, 3.0, 0.9, 0.99)
+    ]
+    for t in range(100, 200, 5):
+        assert not isinstance(policy.observe(float(t), both, d), SwitchDecision)
+    assert policy.undone == 0
+
+
+def test_requests_waiting_for_decode_kv_read_past_a_full_pool() -> None:
+    # DPI_adm stops at 1; the KV the requests waiting for it would commit is added, so the
+    # calibration sees how far past capacity a pool is whose KV is taken. (Eq. 22 proposes
+    # D->P, so the policy forecasts it with the calibration it read.)
+    policy = FluidRolePolicy(CFG, MODEL)
+    d = replace(demand(10.0, 2000, 800), seen_s=60.0)
+    taken = [
+        replace(w, kv_waiting=6) if w.role is Role.DECODE else w for w in fleet(2, 4, 3.0, 0.2, 0.3)
+    ]
+    policy.observe(0.0, taken, d)
+    waiting = MODEL.waiting_kv(d, 6)
+    assert waiting == pytest.approx(
+        6 * (2000 + min(800, MODEL.reserve_output_clip)) / MODEL.kv_capacity
+    )
+
+    def forecast(observed: float) -> Forecast:
+        return MODEL.forecast(d, Split(2, 4), Role.DECODE, CFG.horizon_s, True, observed, 3.0)
+
+    assert repr(policy.last_forecast) == repr(forecast(0.3 + waiting))
+    assert forecast(0.3 + waiting).donor_after > forecast(0.3).donor_after
 
 
 def test_late_prompts_behind_decode_admission_are_not_prefill_saturation() -> None:

@@ -45,6 +45,9 @@ class Pressure:
     #: Fraction of the last ``BUSY_WINDOW_S`` (since the role began, if later) this prefill
     #: worker spent in prefill steps, measured (``BusyWindow``); None when not measured.
     busy: float | None = None
+    #: Requests waiting for KV room on a decode worker (the prealloc queue): the load past a
+    #: full DPI_adm, which cannot exceed 1.
+    kv_waiting: int = 0
 
     def signals(self) -> WorkerSignals:
         return WorkerSignals(
@@ -56,6 +59,7 @@ class Pressure:
             self.dpi_adm,
             self.drain_cost,
             self.busy,
+            self.kv_waiting,
         )
 
 
@@ -290,4 +294,5 @@ class Worker:
             drained=self.drained,
             retiring=self.retiring,
             busy=self.prefill_steps.busy(now, self.role_sm.since) if is_prefill else None,
+            kv_waiting=0 if is_prefill else len(d.prealloc),
         )

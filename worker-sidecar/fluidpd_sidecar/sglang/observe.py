@@ -98,6 +98,7 @@ def pressure_report(
         kv_used=active,
         kv_reserved=pre_allocated,
         drain_cost=float(batch + held),
+        kv_waiting=len(snap.get("prealloc", [])),
     )
 
 
