@@ -803,6 +803,8 @@ def test_finish_early_frees_kv_and_the_slot_at_once() -> None:
     for r in (a, b, c):
         bus.submit(r, p, d)
     assert [m.rid for m in bus.reserved] == [0, 1] and d.decode.dpi_adm() == pytest.approx(1.0)
+    # The third waits for KV room: the pressure report counts it, and FluidRole reads it.
+    assert d.pressure(0.0).kv_waiting == 1 and d.pressure(0.0).signals().kv_waiting == 1
     for _ in range(2):
         bus.run_prefill(p, 0.0)
     bus.complete_handoffs(0.0)

@@ -55,6 +55,8 @@ def test_decode_pressure_separates_pre_allocated_from_active_kv() -> None:
                         arrivals={}, now=0.0, in_flight=3)  # fmt: skip
     assert (p.kv_used, p.kv_reserved, p.kv_capacity, p.batch) == (4_000, 2_000, 10_000, 8)
     assert p.queue_len == 2 and p.drain_cost == 10 and not p.drained
+    # Only the prealloc queue waits for KV room (the transfer's KV is allocated).
+    assert p.kv_waiting == 1
     assert p.dpi_adm == pytest.approx(dpi_adm(10_000 - 4_000 - 2_000, 10_000))
     assert p.dpi_load == pytest.approx(dpi_load(4_000, 10_000, 8, PROFILE.n_tpot(0.1, 500.0)))
 
