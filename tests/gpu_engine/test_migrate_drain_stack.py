@@ -23,7 +23,9 @@ sys.path.insert(0, str(GPU))
 import migrate_drain  # noqa: E402
 
 PROFILE = Path(__file__).resolve().parents[2] / "results" / "drills" / "tiny-gpu-profile.yaml"
-ACTIVE, PROMPT, NEW = 8, 384, 48
+# Outputs of 128 tokens: with 48, on a loaded CI machine (prefill of the 16 prompts serialised on
+# w0) w1's first requests ended before its last ones arrived, and it switched with 4 active.
+ACTIVE, PROMPT, NEW = 8, 384, 128
 
 
 def test_a_migrate_drain_moves_every_active_request(tmp_path: Path) -> None:
