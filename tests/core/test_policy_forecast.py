@@ -23,6 +23,7 @@ from fluidpd.core.fluidrole import (
 from fluidpd.core.fluidtoken import FluidTokenConfig
 from fluidpd.core.policy_forecast import (
     MAX_SCALE,
+    PREFILL_QUANTILES,
     CapacityModel,
     Demand,
     DemandWindow,
@@ -305,6 +306,25 @@ def test_demand_window_keeps_running_sums() -> None:
     assert d.samples == 100 and math.isclose(d.rate, 10.0)
     assert math.isclose(d.prompt, sum(1000 + i for i in range(100, 200)) / 100)
     assert d.full_window and d.reliable
+
+
+def test_prompts_whose_prefill_outlasts_ttft_miss_at_any_split() -> None:
+    w = DemandWindow(MODEL.prefill, window_s=100.0)
+    long_ = next(n for n in range(1000, 200000, 500) if MODEL.prefill.time(n) > 1.5 * SLO_.ttft)
+    for i in range(400):
+        w.add(i * 0.2, 300 if i % 2 else long_, 100)
+    d = w.demand(80.0)
+    q = d.prefill_quantiles
+    assert len(q) == PREFILL_QUANTILES and list(q) == sorted(q)
+    assert q[0] == MODEL.prefill.time(300) and q[-1] == MODEL.prefill.time(long_)
+    # Half the prompts cannot make TTFT however idle the prefill pool is ...
+    assert 0.5 <= MODEL.queue_miss(d, 0.01) < 0.55
+    # ... so more prefill saves only the other half's misses, which the mean prefill time's
+    # budget (every prompt alike) overstates.
+    mean_only = replace(d, prefill_quantiles=())
+    assert MODEL.queue_miss(mean_only, 0.01) < 0.5
+    saved = MODEL.queue_miss(d, 0.8) - MODEL.queue_miss(d, 0.4)
+    assert 0 < saved < MODEL.queue_miss(mean_only, 0.8) - MODEL.queue_miss(mean_only, 0.4)
 
 
 def test_no_steal_budget_while_requests_wait_for_decode_kv() -> None:
