@@ -382,11 +382,9 @@ class CapacityModel:
         the next prefill worker would save (long-long-bursty at 2.34 req/s, 8B/A100: a D->P
         switch taken at 31 s on a forecast saving of 4.8 requests, with the prefill workers
         busy 39 % of the time; the decode pool it left saturated in the burst, -23 pp)."""
-        if not d.prefill_quantiles:
-            return prefill_miss(busy, self.slo.ttft - d.prefill_s, d.prefill_residual)
+        times = d.prefill_quantiles or (d.prefill_s,)
         residual = d.prefill_residual
-        misses = (prefill_miss(busy, self.slo.ttft - t, residual) for t in d.prefill_quantiles)
-        return sum(misses) / len(d.prefill_quantiles)
+        return sum(prefill_miss(busy, self.slo.ttft - t, residual) for t in times) / len(times)
 
     def loss(
         self, d: Demand, split: Split, decode_scale: float = 1.0, prefill_scale: float = 1.0
@@ -675,7 +673,7 @@ class DemandWindow:
         if n == 0:
             return ()
         k = PREFILL_QUANTILES
-        return tuple(times[min(n - 1, int((i + 0.5) * n / k))] for i in range(k))
+        return tuple(times[int((i + 0.5) * n / k)] for i in range(k))
 
     def arrival_cv2(self) -> float:
         """Squared coefficient of variation of the window's gaps between arrivals (about 1
