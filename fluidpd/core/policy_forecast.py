@@ -12,9 +12,10 @@ Every limit is relative to the deployment, the prompts and the SLO, none is a co
 on a trace:
 
 * prefill load ``u_P = rate * E[T_pre(L)] / n_P`` (busy fraction per prefill worker) is
-  compared with the largest busy fraction whose M/D/1 queueing delay still fits the TTFT
-  budget, ``2 (S_TTFT - T) / (2 S_TTFT - T)`` for a mean prefill time T (so long prompts and
-  tight SLOs leave less headroom);
+  compared with the largest busy fraction whose queueing delay still fits the TTFT budget,
+  ``2 (S_TTFT - T) / (2 (S_TTFT - T) + R)`` for a mean prefill time T and Kingman's
+  ``R = T (c_a^2 / n_P + c_s^2)`` (``Demand.queue_residual``: one worker of n_P fed in turn),
+  so long prompts, tight SLOs and spread-out prefill times leave less headroom;
 * decode load is the larger of the concurrency needed to stream ``rate * E[O] / n_D`` tokens
   per second at the iteration time of eq. (13), relative to N_TPOT at the mean context, and
   the KV it holds (requests in decode plus those whose prefill runs, each committing
@@ -95,6 +96,23 @@ class Demand:
         if self.prefill_s <= 0:
             return 0.0
         return max(self.prefill_s2 / self.prefill_s, self.prefill_s)
+
+    def queue_residual(self, n_prefill: int) -> float:
+        """Kingman's ``E[T] (c_a^2 + c_s^2)`` for one of ``n_prefill`` workers that the
+        router feeds in turn (round-robin, the default pairing): it stands in for
+        ``prefill_residual`` (``E[T] (1 + c_s^2)``, the M/G/1 case) in the queueing wait.
+
+        Dealing a stream out to n workers in turn sums n of its gaps into each worker's gap,
+        so a worker's arrivals vary as ``c_a^2 / n`` of the stream's (``arrival_cv2``;
+        Poisson's 1 when unknown). Modelled as n independent M/G/1 queues, five prefill
+        workers at 84 % busy read as missing TTFT for a fifth of 9K-token chats (a D->P
+        switch to 6P2D was taken on it, whose two decode workers then saturated:
+        -10.5 pp); the split the switch left missed 4 %."""
+        if self.prefill_s <= 0:
+            return 0.0
+        ca2 = self.arrival_cv2 if self.arrival_cv2 > 0 else 1.0
+        cs2 = max(0.0, self.prefill_s2 / self.prefill_s**2 - 1.0) if self.prefill_s2 > 0 else 0.0
+        return self.prefill_s * (ca2 / max(1, n_prefill) + cs2)
 
     @property
     def spread(self) -> float:
@@ -180,6 +198,10 @@ class Forecast:
     #: Whether the donor phase's forecast rests on its own observation (a decode pool that
     #: has filled since the last switch; prefill workers that report their busy fraction).
     donor_observed: bool = False
+    #: Forecast SLO loss (``CapacityModel.loss``) at the recent peak rate (``Demand.burst``)
+    #: now and after the switch: a switch must not lose there what it gains at the lower bound.
+    peak_loss_before: float = 0.0
+    peak_loss_after: float = 0.0
 
     @property
     def saved(self) -> float:
@@ -212,16 +234,17 @@ def unserved(ratio: float) -> float:
 def prefill_headroom(
     mean_prefill_s: float, ttft_slo: float, residual_s: float | None = None
 ) -> float:
-    """u_P*: the busy fraction at which M/G/1 queueing plus service reaches the TTFT budget.
+    """u_P*: the busy fraction at which queueing plus service reaches the TTFT budget.
 
-    With B = S_TTFT - T the time a prompt of mean prefill time T may wait, and R = E[T^2]/E[T]
-    (``residual_s``; T itself when every prefill lasts the mean), the Pollaczek-Khinchine mean
-    wait ``rho R / (2 (1 - rho))`` equals B at ``rho = 2B / (2B + R)``: prompts whose prefill
+    With B = S_TTFT - T the time a prompt of mean prefill time T may wait, and R the
+    residual (``residual_s``: E[T^2]/E[T] for M/G/1, ``Demand.queue_residual`` for a worker
+    of a round-robin pool; T itself when not given), the mean wait ``rho R / (2 (1 - rho))``
+    (Pollaczek-Khinchine, Kingman) equals B at ``rho = 2B / (2B + R)``: prompts whose prefill
     times spread widely (4-16K tokens) leave less headroom than their mean says."""
     if mean_prefill_s >= ttft_slo:
         return 0.0
     budget = ttft_slo - mean_prefill_s
-    residual = mean_prefill_s if residual_s is None else max(residual_s, mean_prefill_s)
+    residual = mean_prefill_s if residual_s is None else max(residual_s, 0.0)
     return 2.0 * budget / (2.0 * budget + residual)
 
 
@@ -273,6 +296,10 @@ class CapacityModel:
     #: Seconds a D->P drain takes when it migrates (KV moves), and the role-flip overheads.
     to_prefill_s: float
     to_decode_s: float
+    #: Whether the prefill queueing wait counts the round-robin split of the arrivals across
+    #: the prefill workers (``Demand.queue_residual``) or takes each worker's arrivals as the
+    #: whole stream's (M/G/1, ``Demand.prefill_residual``).
+    split_arrivals: bool = True
 
     @classmethod
     def from_profile(cls, profile: Profile, slo: SLO) -> CapacityModel:
@@ -287,6 +314,9 @@ class CapacityModel:
             profile.switch.to_decode_ms * 1e-3,
         )
 
+    def _residual(self, d: Demand, n_prefill: int) -> float:
+        return d.queue_residual(n_prefill) if self.split_arrivals else d.prefill_residual
+
     def prefill_busy(self, d: Demand, n_prefill: int) -> float:
         """Busy fraction per prefill worker, ``rate E[T_pre] / n_P`` (inf with none)."""
         if d.rate <= 0:
@@ -300,14 +330,17 @@ class CapacityModel:
         the TTFT budget)."""
         if d.rate <= 0:
             return 0.0
-        headroom = prefill_headroom(d.prefill_s, self.slo.ttft, d.prefill_residual)
-        if n_prefill <= 0 or headroom <= 0:
+        if n_prefill <= 0:
+            return math.inf
+        headroom = prefill_headroom(d.prefill_s, self.slo.ttft, self._residual(d, n_prefill))
+        if headroom <= 0:
             return math.inf
         return self.prefill_busy(d, n_prefill) / headroom
 
     def prefill_wait(self, d: Demand, n_prefill: int, scale: float = 1.0) -> float:
-        """Mean seconds a prompt waits in the prefill queue (Pollaczek-Khinchine at the busy
-        fraction times the calibration ``scale``), at most its TTFT budget: past it the prompt
+        """Mean seconds a prompt waits in the prefill queue (Kingman's mean wait for one of
+        ``n_prefill`` workers, at the busy fraction times the calibration ``scale``), at most
+        its TTFT budget: past it the prompt
         is lost to the SLO whatever it waits, which ``prefill_miss`` counts."""
         budget = max(0.0, self.slo.ttft - d.prefill_s)
         busy = scale * self.prefill_busy(d, n_prefill)
@@ -315,7 +348,8 @@ class CapacityModel:
             return 0.0
         if busy >= 1.0:
             return budget
-        return min(budget, busy * d.prefill_residual / (2.0 * (1.0 - busy)))
+        residual = self._residual(d, n_prefill)
+        return min(budget, busy * residual / (2.0 * (1.0 - busy)))
 
     def _decode_load(
         self, d: Demand, n_decode: int, queued_s: float = 0.0
@@ -370,11 +404,11 @@ class CapacityModel:
         concurrency, n_tpot, held, slots = self._decode_load(d, n_decode, queued_s)
         return max(poisson_tail(scale * concurrency, n_tpot), poisson_tail(scale * held, slots))
 
-    def queue_miss(self, d: Demand, busy: float) -> float:
-        """Fraction of prompts that miss TTFT in the prefill queue at per-worker busy
-        fraction ``busy``: ``prefill_miss`` with each prompt's own budget, S_TTFT less its
-        prefill time, averaged over the demand's prefill-time quantiles (the mean's budget
-        where they are unknown).
+    def queue_miss(self, d: Demand, busy: float, n_prefill: int = 1) -> float:
+        """Fraction of prompts that miss TTFT in the queue of one of ``n_prefill`` prefill
+        workers at busy fraction ``busy``: ``prefill_miss`` with each prompt's own budget,
+        S_TTFT less its prefill time, averaged over the demand's prefill-time quantiles (the
+        mean's budget where they are unknown).
 
         The budgets of a mix of 4-16K-token prompts under a 1 s TTFT range from most of a
         second to none: a prompt whose prefill alone outlasts the target misses at any split,
@@ -383,7 +417,7 @@ class CapacityModel:
         switch taken at 31 s on a forecast saving of 4.8 requests, with the prefill workers
         busy 39 % of the time; the decode pool it left saturated in the burst, -23 pp)."""
         times = d.prefill_quantiles or (d.prefill_s,)
-        residual = d.prefill_residual
+        residual = self._residual(d, n_prefill)
         return sum(prefill_miss(busy, self.slo.ttft - t, residual) for t in times) / len(times)
 
     def loss(
@@ -395,7 +429,7 @@ class CapacityModel:
         ``unserved(B)``, which keeps ordering splits that are all past capacity."""
         busy = prefill_scale * self.prefill_busy(d, split.n_prefill)
         miss = combined_miss(
-            self.queue_miss(d, busy),
+            self.queue_miss(d, busy, split.n_prefill),
             self.decode_miss(
                 d,
                 split.n_decode,
@@ -512,6 +546,8 @@ class CapacityModel:
             self.bottleneck(peak, split, scale, p_scale),
             max(donor, self.bottleneck(peak, left, scale, p_scale)),
             (observed_decode if source is Role.DECODE else observed_busy) is not None,
+            self.loss(peak, split, scale, p_scale),
+            self.loss(peak, left, scale, p_scale),
         )
 
 
@@ -689,11 +725,17 @@ def clearly_worth(f: Forecast, margin: float, receiver_starved: bool = False) ->
     """Switch only if the forecast gain beats the cost with a margin (gain >= (1 + margin) x
     cost), the bottleneck falls by at least ``margin`` of its value (a gain inside the
     forecast's own error is no reason to pay a drain), and the donor phase keeps within its
-    SLO capacity at the recent peak rate (``donor_after < 1``). The last is what predicts
-    across a reversal: a switch that overloads its donor gains only while the receiving
-    phase is the worse one, and is reversed (within the reversal cooldown, paying a second
-    drain) as soon as the load shifts back; the predictors compare the two phases' overloads
-    too roughly to trade one for the other on the model's word alone.
+    SLO capacity at the recent peak rate (``donor_after < 1``) and the switch loses nothing
+    there (``peak_loss_after <= peak_loss_before``: the gain is counted at the rate's lower
+    bound, where a donor left near its capacity costs nothing yet; 5P3D -> 6P2D on 9K-token
+    chats gained 2 % of the requests there and left the two decode workers at 0.96 of their
+    KV at the peak, where the split lost more than it kept; when the rate then rose by a
+    tenth, 6P2D missed most requests: 79.2 % static, 69.9 % FluidPD, 96.5 % with this
+    check). The donor check is what predicts across a reversal: a switch that overloads its
+    donor gains only while the receiving phase is the worse one, and is reversed (within the
+    reversal cooldown, paying a second drain) as soon as the load shifts back; the
+    predictors compare the two phases' overloads too roughly to trade one for the other on
+    the model's word alone.
 
     The one exception needs the observation's word too (``receiver_starved``: the phase that
     would get the worker is observed saturated and the donor is not): ``overload_traded``."""
@@ -704,7 +746,10 @@ def clearly_worth(f: Forecast, margin: float, receiver_starved: bool = False) ->
         and f.gain >= (1.0 + margin) * f.cost
         and f.loss_after <= f.loss_before * (1 - margin)
         and f.saved >= max(1.0, f.noise)
-        and (f.donor_after < 1.0 or (receiver_starved and overload_traded(f, margin)))
+        and (
+            (f.donor_after < 1.0 and f.peak_loss_after <= f.peak_loss_before)
+            or (receiver_starved and overload_traded(f, margin))
+        )
     )
 
 

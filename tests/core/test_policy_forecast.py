@@ -648,3 +648,38 @@ def test_a_refused_forecast_is_asked_again_while_the_recommendation_persists() -
     assert policy.refused == 1
     decision = policy.observe(3.0, fleet(2, 4, 3.0, 0.05, 0.05), busy)
     assert isinstance(decision, SwitchDecision) and decision.source is Role.DECODE
+
+
+def test_a_switch_that_loses_at_the_peak_rate_is_refused() -> None:
+    # Gains at the rate's lower bound, donor within capacity at the peak ...
+    gains = Forecast(0.5, 0.4, 0.5, 1.0, 12.0, 0.0, 0.5, 0.2, 0.1, 0.2, 1000.0)
+    assert clearly_worth(replace(gains, peak_loss_before=0.3, peak_loss_after=0.2), 0.1)
+    # ... but the split it leaves misses more than the one kept at the peak: refused.
+    loses = replace(gains, peak_loss_before=0.3, peak_loss_after=0.35)
+    assert not clearly_worth(loses, 0.1)
+
+
+def test_the_forecast_counts_the_loss_at_the_peak_rate() -> None:
+    d = Demand(3.0, 8000, 400, float(MODEL.prefill.time(8000)), 500, True, 4.5)
+    f = MODEL.forecast(d, Split(5, 3), Role.DECODE, 120.0, True)
+    assert d.burst.rate == 4.5
+    assert f.peak_loss_before == MODEL.loss(d.burst, Split(5, 3))
+    assert f.peak_loss_after == MODEL.loss(d.burst, Split(6, 2))
+
+
+def test_prompts_dealt_in_turn_wait_less_than_one_queue_of_the_whole_stream() -> None:
+    t = float(MODEL.prefill.time(9000))
+    d = Demand(2.0, 9000, 300, t, 500, True, prefill_s2=1.2 * t * t, arrival_cv2=1.0)
+    # One worker sees the whole Poisson stream: Kingman's residual is Pollaczek-Khinchine's.
+    assert math.isclose(d.queue_residual(1), d.prefill_residual)
+    # Each of n workers fed in turn sees arrivals n times as regular ...
+    assert d.queue_residual(5) < d.queue_residual(2) < d.queue_residual(1)
+    assert math.isclose(d.queue_residual(4), t * (0.25 + 0.2))
+    # ... clustered arrivals less so ...
+    assert replace(d, arrival_cv2=4.0).queue_residual(4) > d.queue_residual(4)
+    # ... so at the same busy fraction a pool of five misses fewer deadlines than one worker,
+    # unless the model is told to take each worker's arrivals as the whole stream's.
+    whole = replace(MODEL, split_arrivals=False)
+    assert MODEL.queue_miss(d, 0.8, 5) < MODEL.queue_miss(d, 0.8, 1)
+    assert whole.queue_miss(d, 0.8, 5) == whole.queue_miss(d, 0.8, 1) == MODEL.queue_miss(d, 0.8)
+    assert MODEL.prefill_ratio(d, 5) < whole.prefill_ratio(d, 5)
