@@ -157,8 +157,9 @@ class _Check:
     source: Role
     direction: Recommendation
     at: float
-    #: When the switch started.
-    started: float = float("-inf")
+    #: When the switch finished (inf until then): the reversal cooldown counts from it, as
+    #: ``_stabilizing``'s does and as the robustness suite times a reversal.
+    ended: float = math.inf
 
 
 def decode_saturated(p: PoolPressure, cfg: FluidRoleConfig) -> bool:
@@ -387,7 +388,7 @@ class FluidRolePolicy:
                 return Recommendation.NONE
         decision = self._commit(now, workers, source, rec, pressure, forecast)
         if decision is not None and forecast is not None:
-            self._check, self._watch = _Check(source, rec, math.inf, now), None
+            self._check, self._watch = _Check(source, rec, math.inf), None
         return decision or Recommendation.NONE
 
     def _forecast(self, now: float, p: PoolPressure, demand: Demand, source: Role) -> Forecast:
@@ -550,7 +551,7 @@ class FluidRolePolicy:
             return
         if self._starved_since is None:
             self._starved_since = now
-        old = now >= watch.started + self.cfg.reversal_cooldown_s
+        old = now >= watch.ended + self.cfg.reversal_cooldown_s
         if now - self._starved_since >= self.cfg.settle_s and old and self._budget_left(now):
             self._frozen_until[watch.direction] = now + self.cfg.freeze_s
             self._undo_due, self._watch = watch, None
@@ -602,7 +603,7 @@ class FluidRolePolicy:
         self._windows.pop(worker, None)
         if self._check is not None and self._check.at == math.inf:
             c = self._check
-            self._check = _Check(c.source, c.direction, now + self.cfg.settle_s, c.started)
+            self._check = _Check(c.source, c.direction, now + self.cfg.settle_s, now)
 
     def switch_resumed(self, worker: str) -> None:
         """A harness that restarted mid-switch (its state came back from the cluster) tells the

@@ -190,6 +190,22 @@ def test_a_donor_starved_for_settle_s_after_the_check_undoes_the_switch() -> Non
     assert not isinstance(policy.observe(317.0, fleet(2, 4, 3.0, 0.05, 0.05), d), SwitchDecision)
 
 
+def test_the_reversal_cooldown_of_an_undo_counts_from_the_end_of_the_switch() -> None:
+    # A switch that took 20 s to drain: its undo waits 300 s from when it finished, as a
+    # reversal proposed by eq. (22) does and as the robustness suite times reversals.
+    policy = FluidRolePolicy(CFG, MODEL)
+    d = demand(30.0, 2000, 50)
+    first = policy.observe(0.0, fleet(2, 4, 3.0, 0.05, 0.05), d)
+    assert isinstance(first, SwitchDecision)
+    policy.switch_finished(first.worker, 20.0)
+    fine, starved = fleet(3, 3, 0.2, 0.3, 0.3), fleet(3, 3, 0.2, 0.9, 0.99)
+    assert not isinstance(policy.observe(31.0, fine, d), SwitchDecision)
+    for t in (300.0, 310.0, 319.0):
+        assert not isinstance(policy.observe(t, starved, d), SwitchDecision)
+    undo = policy.observe(320.0, starved, d)
+    assert isinstance(undo, SwitchDecision) and undo.undo
+
+
 def test_both_phases_saturated_later_does_not_undo() -> None:
     # Starvation is the donor saturated while the receiver is not: a later overload of both
     # (prefill workers busy throughout) is no evidence against the switch.
