@@ -19,16 +19,21 @@ from hypothesis import strategies as st
 from fluidpd.core.fluidtoken import (
     SUFFIX_QUEUE_ITERATIONS,
     FluidTokenConfig,
+    KvIntake,
     _donor_caps,
     _head_cap,
     advertised_budget,
+    kv_occupancy_forecast,
     max_admissible_suffix,
     plan_stealing,
     steal_budget,
     stealing_allowed,
 )
 from fluidpd.core.predictors import DecodeIterPredictor, PrefillPredictor, SuffixPredictor
+from fluidpd.core.scheduler.worker import Worker
 from fluidpd.core.signals import steal_ppi
+from fluidpd.core.types import SLO, Request, Role
+from fluidpd.profiles import resolve_profile
 
 # --------------------------------------------------------------------------------------------
 # Reference oracle: Algorithm 1, line by line.
@@ -656,3 +661,43 @@ def test_head_cap_scalar_equals_array_form(
     sfx = SuffixPredictor(s1=s1, s0=s0, s2=s2)
     arr = _donor_caps(np.array([float(length)]), np.array([slack]), np.array([False]), pre, sfx)[0]
     assert _head_cap(float(length), slack, pre, sfx) == arr
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    gap=st.integers(1, 400),
+    prompt=st.integers(1000, 16000),
+    out=st.integers(16, 4096),
+    n=st.integers(1, 60),
+)
+def test_kv_intake_forecast_is_littles_law_over_half_a_hold(
+    gap: int, prompt: int, out: int, n: int
+) -> None:
+    intake = KvIntake()
+    for i in range(n):
+        intake.add(i * gap, prompt, out, 4096)
+    now = (n - 1) * gap
+    f = intake.forecast(now, 400_000)
+    hold = min(out, 4096)
+    window = max(1.0, hold / 2)
+    kept = sum(1 for i in range(n) if i * gap >= now - window)
+    assert f == kv_occupancy_forecast(kept * (prompt + hold), window, hold, 400_000)
+    # Arrivals twice as dense forecast at least as much KV held.
+    dense = KvIntake()
+    for i in range(2 * n):
+        dense.add(i * gap // 2, prompt, out, 4096)
+    assert dense.forecast((2 * n - 1) * gap // 2, 400_000) >= f
+
+
+def test_a_decode_worker_whose_intake_will_fill_its_kv_advertises_no_budget() -> None:
+    profile = resolve_profile("llama-3.1-8b", "a100-80gb", None)
+    w = Worker.create("d0", Role.DECODE, profile, SLO(2.0, 0.1), FluidTokenConfig())
+    d = w.decode
+    assert d.steal_budget(1) > 0
+    # Forty long generations handed over at once: KV and TPOT have room now, but requests
+    # coming at this rate would hold more KV than the worker has before these streams end.
+    for rid in range(40):
+        d.add(Request(rid, 0.0, 4000, 2000))
+    assert not d.prealloc and d.dpi_adm() < 0.6
+    assert d.intake.forecast(d.iteration, d.kv_capacity) >= 1.0
+    assert d.steal_budget(1) == 0.0

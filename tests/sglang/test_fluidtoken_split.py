@@ -328,3 +328,24 @@ def test_hook_registry_turns_stolen_tokens_into_the_prefix_length(registry: None
     assert post("/split", {"rid": "7"})[0] == 400
     assert post("/forget", {"room": 7}) == (200, {"ok": True}) and 7 in fluidtoken_hook._forget
     assert post("/nope", {})[0] == 404
+
+
+def test_decode_budget_closes_when_the_halves_coming_in_will_fill_the_kv() -> None:
+    splits = DecodeSplits(PROFILE, SLO_, CFG, "http://unused")
+    capacity = PROFILE.kv.capacity_tokens
+    snap = {"decode_batch": 0, "decode_context": 0, "t": time.time(), "fluid_pending": []}
+    # Long generations handed over every few SGLang steps: at that rate the KV they hold
+    # (Little's law) passes the worker's capacity, so no suffix may delay their streams.
+    prompt, out = 8000, 2000
+    for i in range(40):
+        splits.take({"n_steps": 10 * i}, prompt, out)
+    busy = {**snap, "n_steps": 400, "kv_capacity": capacity}
+    assert splits.intake.forecast(400, capacity) >= 1.0
+    assert splits.budget(busy, _report(0.0), admitting=True) == 0.0
+    # The same halves spread over as many steps as they hold their KV: room to steal.
+    calm = DecodeSplits(PROFILE, SLO_, CFG, "http://unused")
+    for i in range(4):
+        calm.take({"n_steps": 500 * i}, prompt, out)
+    quiet = {**snap, "n_steps": 2000, "kv_capacity": capacity}
+    assert calm.intake.forecast(2000, capacity) < 1.0
+    assert calm.budget(quiet, _report(0.0), admitting=True) > 0.0

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fluidpd.core.fluidtoken import FluidTokenConfig, advertised_budget, tpot_slack
+from fluidpd.core.fluidtoken import FluidTokenConfig, KvIntake, advertised_budget, tpot_slack
 from fluidpd.core.migration import Migrant, Peer
 from fluidpd.core.predictors import (
     DecodeIterPredictor,
@@ -118,6 +118,8 @@ class DecodeSide:
     admitting: bool = True
     migrate_on_drain: bool = False
     stolen_tokens: int = 0
+    #: The requests handed to this worker, for the edge of its KV admission (FluidToken).
+    intake: KvIntake = field(default_factory=KvIntake)
 
     # -- KV admission -------------------------------------------------------------------------
     def commitment(self, req: Request) -> int:
@@ -145,6 +147,9 @@ class DecodeSide:
     def add(self, req: Request) -> None:
         """A request was paired with this worker: queue it for KV reservation."""
         req.decode_worker = self.worker_id
+        self.intake.add(
+            self.iteration, req.prompt_len, req.max_new_tokens, self.reserve_output_clip
+        )
         self.prealloc.append(req)
         self.admit()
 
@@ -484,7 +489,8 @@ class DecodeSide:
 
     def steal_budget(self, n_prefill: int) -> float:
         """Per-prefill-worker stealing budget this worker advertises (eqs. 12-17,
-        ``advertised_budget``); 0 while requests already wait for KV here."""
+        ``advertised_budget``); 0 while requests already wait for KV here or the requests
+        coming in will fill it (``KvIntake``)."""
         return advertised_budget(
             self.slo.tpot,
             self.decode,
@@ -496,4 +502,5 @@ class DecodeSide:
             n_prefill,
             self.token_cfg,
             self.admitting and not self.prealloc,
+            self.intake.forecast(self.iteration, self.kv_capacity),
         )

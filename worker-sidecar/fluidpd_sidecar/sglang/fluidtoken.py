@@ -45,7 +45,7 @@ import numpy as np
 
 from fluidpd.api.commands import SGLANG_PREFILL_WINDOW
 from fluidpd.api.internal import PrefillHalf, PrefillOutcome, PressureReport, SuffixCommit
-from fluidpd.core.fluidtoken import FluidTokenConfig, advertised_budget
+from fluidpd.core.fluidtoken import FluidTokenConfig, KvIntake, advertised_budget
 from fluidpd.core.profile import Profile
 from fluidpd.core.scheduler.messages import SuffixCommitted
 from fluidpd.core.scheduler.prefill import PrefillBatch, PrefillSide
@@ -327,6 +327,13 @@ class DecodeSplits:
         #: Suffix tokens registered with the hook and not yet run: rid -> (tokens, when).
         self.pending: dict[int, tuple[int, float]] = {}
         self.n_prefill = 1
+        self.output_clip = profile.kv.reserve_output_clip
+        #: The decode halves handed to this worker, clocked in SGLang's steps (``n_steps``).
+        self.intake = KvIntake()
+
+    def take(self, snap: dict[str, Any], prompt_len: int, max_new_tokens: int) -> None:
+        """A decode half was handed to this worker (it will reserve KV for it)."""
+        self.intake.add(int(snap.get("n_steps", 0)), prompt_len, max_new_tokens, self.output_clip)
 
     async def register(self, client: aiohttp.ClientSession, body: SuffixCommit) -> None:
         """Tell the hook before the prefix KV can land (the prefill side waits for this)."""
@@ -352,6 +359,7 @@ class DecodeSplits:
         """B_d^steal (eq. 17) from SGLang's decode state; 0 while requests wait for KV room
         (decode admission is then the bottleneck)."""
         blocked = int(snap.get("prealloc_blocked", 0)) > 0
+        step, capacity = int(snap.get("n_steps", 0)), int(snap.get("kv_capacity", 0))
         return advertised_budget(
             self.slo.tpot,
             self.decode,
@@ -363,4 +371,5 @@ class DecodeSplits:
             self.n_prefill,
             self.token_cfg,
             admitting and not blocked and self.token_cfg.enabled,
+            self.intake.forecast(step, capacity) if capacity > 0 else 0.0,
         )

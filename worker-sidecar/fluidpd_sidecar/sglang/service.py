@@ -457,6 +457,7 @@ class SglangService:
         state = _Half(Request(half.rid, half.arrival, half.prompt_len, half.max_new_tokens))
         state.prefill_url = half.prefill_url
         self.halves[half.rid] = state
+        self.splits.take(self.snapshot, half.prompt_len, half.max_new_tokens)
         log_admitted(half)
         state.task = asyncio.create_task(self._decode(half, state), name=f"decode-{half.rid}")
         return self._events(half.rid, state)
