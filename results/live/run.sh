@@ -106,3 +106,17 @@ fluidpd evaluate --workload azure-mixed --rps 20 --num-requests 2000 --pd 4P4D \
 # Result: static 78.5 %, FluidToken 92.3 %, FluidPD 96.5 % live (simulated 78.5 / 93.2 / 98.7 %;
 # at 2092528, with eq. 17's split: 78.2 / - / 91.3 % live), 436 s. The controller took two
 # forecast D->P switches (4P4D -> 6P2D, PPI-bar 1.69 both). FluidPD >= static - 1 pp on both.
+
+# Issue #14, session 2026-12-04 (second): both slices at commit bd5ca16 (the policy of
+# 83fab17: the Kingman prefill queue, the peak-rate check, FluidToken's KvIntake), one after
+# the other on the quiet machine (1-min load 0.3-0.8), run with --out /tmp/live-long5 and
+# /tmp/live-azure5 and copied (admin tokens and pid files left out).
+fluidpd evaluate --workload long-chat-poisson --rps 4 --num-requests 240 --pd 4P4D \
+  --policies static,fluidpd --seed 0 --out results/live/long-chat-poisson-240-4rps-2026-12-04
+# Result: static 96.7 %, FluidPD 99.6 % live (+2.9 pp; simulated 97.9 / 98.8 %), 180 s.
+# The controller took one forecast D->P switch (PPI 0.88; up-fluidpd/controller.log).
+fluidpd evaluate --workload azure-mixed --rps 20 --num-requests 2000 --pd 4P4D \
+  --policies static,fluidpd --seed 0 --out results/live/azure-mixed-2000-20rps-2026-12-04
+# Result: static 78.3 %, FluidPD 95.8 % live (+17.5 pp; simulated 78.5 / 96.5 %), 285 s.
+# The controller declined two D->P proposals, then took two (4P4D -> 6P2D, PPI 9.61).
+# FluidPD >= static - 1 pp holds on both.
