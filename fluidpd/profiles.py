@@ -77,21 +77,29 @@ def load_profile_file(path: str | Path) -> Profile:
         raise ProfileError(f"{file}: is a directory, not a profile file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ProfileError(_one_line(f"{file}: cannot read profile file: {exc}")) from None
+    return parse_profile(text, file)
 
+
+def parse_profile(text: str, source: str | Path) -> Profile:
+    """Validate one YAML profile's text (``source`` names it in errors: a file, a ConfigMap).
+
+    Raises:
+        ProfileError: as :func:`load_profile_file`, for everything after reading the file.
+    """
     try:
         data = yaml.load(text, Loader=_StrictLoader)
     except yaml.YAMLError as exc:
-        raise ProfileError(_one_line(f"{file}: {_describe_yaml_error(exc)}")) from None
+        raise ProfileError(_one_line(f"{source}: {_describe_yaml_error(exc)}")) from None
 
     if not isinstance(data, dict):
         raise ProfileError(
-            f"{file}: expected a mapping of profile fields at the top level, got {_kind(data)}"
+            f"{source}: expected a mapping of profile fields at the top level, got {_kind(data)}"
         )
 
     try:
         return Profile.model_validate(data)
     except ValidationError as exc:
-        raise ProfileError(_describe_validation_error(file, exc)) from None
+        raise ProfileError(_describe_validation_error(source, exc)) from None
 
 
 def resolve_profile(model: str | None, gpu: str | None, profile_file: str | None) -> Profile:
@@ -174,7 +182,7 @@ def _describe_yaml_error(exc: yaml.YAMLError) -> str:
     return f"YAML error: {exc}"
 
 
-def _describe_validation_error(file: Path, exc: ValidationError) -> str:
+def _describe_validation_error(file: str | Path, exc: ValidationError) -> str:
     errors = exc.errors(include_url=False)
     first = errors[0]
     loc = tuple(first["loc"])

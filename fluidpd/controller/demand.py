@@ -4,8 +4,11 @@ each once, on the controller's clock. What the predictive rule makes of them is 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import aiohttp
 from pydantic import ValidationError
@@ -14,6 +17,13 @@ from fluidpd.api.demand import ArrivalsReport
 from fluidpd.core.role_control import Arrival
 
 log = logging.getLogger("fluidpd.controller")
+
+
+class ArrivalSource(Protocol):
+    """What the controller reads its demand from: one router (``DemandFeed``), or every
+    router of a deployment (``RouterDemand``)."""
+
+    async def read(self) -> list[Arrival] | None: ...
 
 
 class DemandFeed:
@@ -62,3 +72,41 @@ class DemandFeed:
         # The router's clock to ours (the answer's transit, milliseconds, is the error).
         offset = time.time() - report.t
         return [Arrival(a.t + offset, a.prompt, a.output) for a in report.arrivals]
+
+
+class RouterDemand:
+    """The arrivals of every router of a deployment, merged in time order: each replica
+    behind the Service sees only the requests sent to it, and the demand is their sum.
+    ``urls`` gives the ready routers' base URLs at each read (a router that left takes its
+    cursor with it; a new one is read from the start of its log)."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        urls: Callable[[], Sequence[str]],
+        headers: Callable[[], dict[str, str]],
+    ) -> None:
+        self.session = session
+        self.urls = urls
+        self.headers = headers
+        self.feeds: dict[str, DemandFeed] = {}
+        #: Arrivals read from the routers that answered while another did not: given with
+        #: the next complete read, not lost (their routers' cursors have moved past them).
+        self._held: list[Arrival] = []
+
+    async def read(self) -> list[Arrival] | None:
+        """Every router's arrivals since its previous read; None when there is no router or
+        one did not answer (this interval's demand is then incomplete)."""
+        urls = list(self.urls())
+        if not urls:
+            return None
+        self.feeds = {u: self.feeds.get(u) or DemandFeed(self.session, u) for u in urls}
+        headers = self.headers()
+        for feed in self.feeds.values():
+            feed.headers = headers
+        parts = await asyncio.gather(*(feed.read() for feed in self.feeds.values()))
+        self._held.extend(a for part in parts if part for a in part)
+        if any(part is None for part in parts):
+            return None
+        out, self._held = sorted(self._held, key=lambda a: a.t), []
+        return out

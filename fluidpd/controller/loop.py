@@ -22,7 +22,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from fluidpd.controller.demand import DemandFeed
+from fluidpd.controller.demand import ArrivalSource
 from fluidpd.controller.metrics import DeploymentMetrics
 from fluidpd.core.fluidrole import (
     FluidRoleConfig,
@@ -111,7 +111,7 @@ class FluidRoleController:
         *,
         profile: Profile | None = None,
         slo: SLO | None = None,
-        demand: DemandFeed | None = None,
+        demand: ArrivalSource | None = None,
     ) -> None:
         self.source = source
         self.cfg = cfg

@@ -14,7 +14,7 @@ import pytest
 from aiohttp import web
 
 from fluidpd.api.demand import ArrivalRecord, ArrivalsReport
-from fluidpd.controller.demand import DemandFeed
+from fluidpd.controller.demand import DemandFeed, RouterDemand
 from fluidpd.controller.loop import FluidRoleController
 from fluidpd.core.fluidrole import FluidRoleConfig
 from fluidpd.core.profile import Profile
@@ -182,3 +182,68 @@ def test_feed_reads_after_its_cursor_and_starts_over_with_a_new_router() -> None
     assert second is not None and restarted is not None
     assert [a.prompt for a in second + restarted] == [30, 40]
     assert abs(first[0].t - (time.time() - 1.0)) < 5.0
+
+
+def test_router_demand_merges_every_routers_arrivals_in_time_order() -> None:
+    # Two router replicas behind one Service: each logs only the requests sent to it.
+    logs: dict[int, list[tuple[float, int]]] = {}
+    down: set[int] = set()
+
+    def handler(idx: int) -> Any:
+        async def arrivals(request: web.Request) -> web.Response:
+            assert request.headers.get("Authorization") == "Bearer t"
+            if idx in down:
+                return web.Response(status=503)
+            after = int(request.query.get("after", "-1"))
+            now = time.time()
+            got = [(i, t, p) for i, (t, p) in enumerate(logs[idx]) if i > after]
+            records = [ArrivalRecord(t=now - t, prompt=p, output=4) for _, t, p in got]
+            body = ArrivalsReport(
+                epoch=f"r{idx}", t=now, next=len(logs[idx]) - 1, dropped=0, arrivals=records
+            )
+            return web.Response(body=body.model_dump_json(), content_type="application/json")
+
+        return arrivals
+
+    async def go() -> list[list[Arrival] | None]:
+        runners, urls = [], []
+        for idx in (0, 1):
+            app = web.Application()
+            app.router.add_get("/admin/arrivals", handler(idx))
+            runner = web.AppRunner(app)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            runners.append(runner)
+            urls.append(f"http://127.0.0.1:{port}")
+        # (seconds ago, prompt): interleaved in time across the two routers.
+        logs[0] = [(5.0, 10), (3.0, 30)]
+        logs[1] = [(4.0, 20), (2.0, 40)]
+        ready = list(urls)
+        out = []
+        async with aiohttp.ClientSession() as session:
+            demand = RouterDemand(session, lambda: ready, lambda: {"Authorization": "Bearer t"})
+            out.append(await demand.read())
+            logs[1].append((1.0, 50))
+            down.add(0)
+            out.append(await demand.read())  # one router did not answer: incomplete
+            down.clear()
+            out.append(await demand.read())
+            ready.pop(0)  # router 0 left: only router 1 is read
+            logs[0].append((0.5, 60))
+            logs[1].append((0.2, 70))
+            out.append(await demand.read())
+            ready.clear()
+            out.append(await demand.read())
+        for runner in runners:
+            await runner.cleanup()
+        return out
+
+    first, failed, second, third, none = asyncio.run(go())
+    assert first is not None and [a.prompt for a in first] == [10, 20, 30, 40]
+    assert [a.t for a in first] == sorted(a.t for a in first)
+    assert failed is None and none is None
+    # Router 1's arrival of the incomplete read is kept for the next complete one.
+    assert second is not None and [a.prompt for a in second] == [50]
+    assert third is not None and [a.prompt for a in third] == [70]

@@ -51,6 +51,7 @@ NAMESPACED_RULES = [
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
     {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
     {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create"]},
+    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]},
 ]
 CRD_READ = {
     "apiGroups": ["apiextensions.k8s.io"],

@@ -40,6 +40,12 @@ class FakeKube:
         self.status: dict[str, Any] = {}
         self.deleted: list[str] = []
         self.refuse: set[str] = set()
+        self.configmaps: dict[str, dict[str, Any]] = {}
+
+    async def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any]:
+        if kind != "ConfigMap" or name not in self.configmaps:
+            raise KubeError(404, f'{kind.lower()}s "{name}" not found')
+        return copy.deepcopy(self.configmaps[name])
 
     async def list_pods(self, namespace: str, selector: str) -> list[dict[str, Any]]:
         want = dict(kv.split("=", 1) for kv in selector.split(","))

@@ -94,4 +94,9 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: [""]
   resources: [secrets]
   verbs: [get, create]
+# get: the profile ConfigMap a FluidPDDeployment references (model.profileConfigMap), which its
+# switch rule forecasts with, as the workers do.
+- apiGroups: [""]
+  resources: [configmaps]
+  verbs: [get]
 {{- end }}

@@ -50,6 +50,7 @@ class DeploymentController(PodsAndScale, Switches, RouterSync, StatusWriter):
             if self.token is None:
                 await self.ensure_token()
             await self.refresh_pods()
+            await self.load_profile()
             ctl = self._controller()
             ctl.headers = self.headers
             decision = await ctl.step()

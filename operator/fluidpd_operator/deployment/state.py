@@ -15,6 +15,7 @@ import aiohttp
 from fluidpd.controller.loop import FluidRoleController, fetch_pressure
 from fluidpd.controller.metrics import ControllerMetrics
 from fluidpd.core.fallback import CapacityFallback
+from fluidpd.core.profile import Profile
 from fluidpd.core.types import Role
 from fluidpd_operator import resources as res
 from fluidpd_operator.config import OperatorConfig
@@ -63,6 +64,10 @@ class DeploymentState:
         self.last_switch: dict[str, Any] | None = body.get("status", {}).get("lastSwitch")
         self.routers_ready = 0
         self._router_urls: list[str] = []
+        #: The workers' profile, for the predictive switch rule (``load_profile``); None when
+        #: it could not be read, and then the rule is the paper's.
+        self.profile: Profile | None = None
+        self._profile_read = False
 
     # -- spec ---------------------------------------------------------------------------------
     def update(self, body: dict[str, Any]) -> None:
@@ -71,6 +76,7 @@ class DeploymentState:
         if spec != self.spec:
             self.spec = spec
             self.role_ctl = None
+            self._profile_read = False
             self.fallback = CapacityFallback(spec.fallback_config(), spec.fluidrole_config())
         self.body = body
 

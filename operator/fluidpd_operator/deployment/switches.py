@@ -5,13 +5,17 @@ events turned into labels, annotations and Kubernetes Events."""
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import aiohttp
 
+from fluidpd.controller.demand import RouterDemand
 from fluidpd.controller.loop import ControllerEvent, FluidRoleController, WorkerSource
 from fluidpd.controller.metrics import DeploymentMetrics
 from fluidpd.core.fluidrole import FluidRoleConfig, SwitchDecision
-from fluidpd.core.types import DrainMode, Role
+from fluidpd.core.profile import Profile
+from fluidpd.core.types import SLO, DrainMode, Role
+from fluidpd.profiles import ProfileError, parse_profile, resolve_profile
 from fluidpd_operator import resources as res
 from fluidpd_operator.deployment.pods import annotation, meta, pod_ready, rfc3339
 from fluidpd_operator.deployment.state import DeploymentState
@@ -35,12 +39,54 @@ class Switches(DeploymentState):
             metrics = (
                 self.metrics.for_deployment(self.namespace, self.name) if self.metrics else None
             )
+            slo = SLO(self.spec.slo.ttft_seconds, self.spec.slo.tpot_seconds)
+            demand = RouterDemand(self.session, lambda: self._router_urls, lambda: self.headers)
             self.role_ctl = _AnnotatingController(
-                self, source, self.spec.fluidrole_config(), self.session, self.token, metrics
+                self,
+                source,
+                self.spec.fluidrole_config(),
+                self.session,
+                self.token,
+                metrics,
+                profile=self.profile,
+                slo=slo,
+                demand=demand,
             )
             self._seen_events = 0
             self._inherited = None
         return self.role_ctl
+
+    async def load_profile(self) -> None:
+        """The workers' profile, for the predictive rule's forecasts: the ConfigMap the spec
+        mounts into the workers (``model.profileConfigMap``, key ``profile.yaml``), else the
+        shipped one for the model and GPU. Read once per spec; an API error is retried next
+        interval (the controller is rebuilt when it comes, not while a switch is in flight), a
+        bad profile is not (the rule is then the paper's, and the controller's log says so)."""
+        if self._profile_read:
+            return
+        m = self.spec.model
+        try:
+            if m.profile_config_map:
+                cm = await self.kube.get("v1", "ConfigMap", self.namespace, m.profile_config_map)
+                text = (cm.get("data") or {}).get("profile.yaml")
+                source = f"ConfigMap {self.namespace}/{m.profile_config_map}"
+                if text is None:
+                    raise ProfileError(f"{source} has no key 'profile.yaml'")
+                profile: Profile | None = parse_profile(text, source)
+            else:
+                profile = resolve_profile(m.name, m.gpu, None)
+        except KubeError as exc:
+            log.warning("%s/%s: profile not read (retried): %s", self.namespace, self.name,
+                        exc.reason)  # fmt: skip
+            return
+        except ProfileError as exc:
+            log.warning("%s/%s: %s", self.namespace, self.name, exc)
+            profile = None
+        if profile != self.profile:
+            if self.role_ctl is not None and self.role_ctl.in_flight is not None:
+                return  # the controller is rebuilt once its switch is done (read again then)
+            self.profile, self.role_ctl = profile, None
+        self._profile_read = True
 
     async def record_intent(self, d: SwitchDecision) -> None:
         """Persist the switch before asking the sidecar: a restarted operator resumes it."""
@@ -127,8 +173,9 @@ class _AnnotatingController(FluidRoleController):
         session: aiohttp.ClientSession,
         token: str | None,
         metrics: DeploymentMetrics | None,
+        **rule: Any,
     ) -> None:
-        super().__init__(source, cfg, session, token, owner.poke_routers, metrics)
+        super().__init__(source, cfg, session, token, owner.poke_routers, metrics, **rule)
         self.owner = owner
 
     async def _start_switch(self, d: SwitchDecision, now: float) -> None:
