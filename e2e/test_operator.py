@@ -142,7 +142,10 @@ def test_workload_shift_switches_a_worker_in_place(
     assert "fluidpd.io/desired-role" not in pod["metadata"].get("annotations", {})
     # The per-role Service follows the label; the router follows the sidecar.
     assert router_view["role"] == "prefill"
-    assert events(cp, ns, "SwitchStarted")
+    started = events(cp, ns, "SwitchStarted")
+    # Taken by the predictive rule (issue #14): the forecast from the router's arrivals and
+    # the workers' profile is the switch's stated reason.
+    assert started and all("forecast bottleneck" in e["message"] for e in started), started
     assert not events(cp, ns, "SwitchResumed")  # nothing to take over: the operator never left
     assert (st["prefill"], st["decode"]) == (2, 2)
     assert st["lastSwitch"]["to"] == "prefill"

@@ -34,7 +34,13 @@ def load_config() -> kubernetes.client.ApiClient:
 
 
 def _core(kind: str) -> str:
-    return {"Pod": "pods", "Service": "services", "Secret": "secrets", "Event": "events"}[kind]
+    return {
+        "Pod": "pods",
+        "Service": "services",
+        "Secret": "secrets",
+        "ConfigMap": "configmaps",
+        "Event": "events",
+    }[kind]
 
 
 def path_of(api_version: str, kind: str, namespace: str, name: str | None = None) -> str:

@@ -149,6 +149,9 @@ class Switches(DeploymentState):
                 await self.both_events(pod, "SwitchCompleted", f"now {to} (drain {drain:.2f} s)")
             elif e.kind == "switch-started" and pod is not None:
                 msg = f"{e.detail['from']} -> {e.detail['to']} in place ({e.detail['drain']} drain)"
+                f = e.detail.get("forecast")
+                if f:  # the predictive rule's reason, for `kubectl describe`
+                    msg += f"; forecast bottleneck {f['before']:.2f} -> {f['after']:.2f}"
                 await self.both_events(pod, "SwitchStarted", msg)
             elif e.kind == "switch-resumed" and pod is not None:
                 msg = f"to {e.detail['to']} (taken over after an operator restart)"
