@@ -35,8 +35,10 @@ ALLOWED: dict[str, set[str]] = {
     "fluidpd.controller": {CORE, API},
     "fluidpd.router": {CORE, API},
     "fluidpd_sidecar": {CORE, API},
-    # The operator runs the same FluidRole control loop as `fluidpd controller`.
-    "fluidpd_operator": {CORE, API, "fluidpd.controller"},
+    # The operator runs the same FluidRole control loop as `fluidpd controller`, with the
+    # workers' profile read as `fluidpd controller --profile` reads it (its own process has
+    # no CLI to hand it one).
+    "fluidpd_operator": {CORE, API, "fluidpd.controller", "fluidpd.profiles"},
     "fluidpd.drills": {CORE, API},
     "fluidpd.modeldir": set(),
     "fluidpd.procs": set(),
