@@ -25,6 +25,7 @@ from fluidpd.core.signals import (
     DEFAULT_EPS,
     IntArray,
     cumulative_prefill_work,
+    kv_commitment,
     request_ppi,
     token_deficits,
 )
@@ -173,8 +174,8 @@ class KvIntake:
     def add(self, step: int, prompt_len: int, max_new_tokens: int, output_clip: int) -> None:
         """A request handed over at decode iteration ``step``: it commits its prompt and
         clipped output (as its KV reservation does) and holds them that many iterations."""
-        hold = min(max_new_tokens, output_clip)
-        commit = prompt_len + hold
+        commit = kv_commitment(prompt_len, max_new_tokens, output_clip)
+        hold = commit - prompt_len
         self._items.append((step, commit, hold))
         self._tokens += commit
         self._hold += hold

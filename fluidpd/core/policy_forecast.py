@@ -35,6 +35,7 @@ from dataclasses import dataclass, field, replace
 
 from fluidpd.core.predictors import DecodeIterPredictor, PrefillPredictor
 from fluidpd.core.profile import Profile
+from fluidpd.core.signals import kv_commitment
 from fluidpd.core.types import SLO, Role
 
 #: Fewest arrivals a forecast rests on. Below it the rate's error bound (``RATE_Z`` standard
@@ -111,8 +112,8 @@ class Demand:
         if self.prefill_s <= 0:
             return 0.0
         ca2 = self.arrival_cv2 if self.arrival_cv2 > 0 else 1.0
-        cs2 = max(0.0, self.prefill_s2 / self.prefill_s**2 - 1.0) if self.prefill_s2 > 0 else 0.0
-        return self.prefill_s * (ca2 / max(1, n_prefill) + cs2)
+        # prefill_residual - E[T] is E[T] c_s^2, the service's share.
+        return self.prefill_s * ca2 / max(1, n_prefill) + self.prefill_residual - self.prefill_s
 
     @property
     def spread(self) -> float:
@@ -364,7 +365,7 @@ class CapacityModel:
         ctx = d.prompt + d.output / 2.0
         per_request = self.decode.a_c * ctx + self.decode.a_n
         n_tpot = float(min(self.max_running, self.decode.max_batch(self.slo.tpot, ctx)))
-        commit = d.prompt + min(d.output, self.reserve_output_clip)
+        commit = kv_commitment(d.prompt, d.output, self.reserve_output_clip)
         slots = self.kv_capacity / commit if commit > 0 else math.inf
         if tokens_per_s * per_request >= 1.0:
             return math.inf, n_tpot, math.inf, slots
@@ -377,7 +378,7 @@ class CapacityModel:
     def waiting_kv(self, d: Demand, waiting: float) -> float:
         """The KV ``waiting`` requests would commit (prompt + clipped output each, at the
         demand's means), as a fraction of one worker's capacity."""
-        commit = d.prompt + min(d.output, self.reserve_output_clip)
+        commit = kv_commitment(d.prompt, d.output, self.reserve_output_clip)
         return waiting * commit / self.kv_capacity if self.kv_capacity > 0 else math.inf
 
     def decode_ratio(self, d: Demand, n_decode: int, queued_s: float = 0.0) -> float:

@@ -6,6 +6,8 @@ iteration over hundreds of queued requests stays in the tens of microseconds.
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import numpy as np
 import numpy.typing as npt
 
@@ -102,6 +104,16 @@ def token_deficits(
     become TTFT-schedulable; X_i <= 0 means it already is.
     """
     return (cumulative_prefix_work - (prefix_deadlines_ - now)) / prefill.c1
+
+
+Tokens = TypeVar("Tokens", int, float)
+
+
+def kv_commitment(prompt: Tokens, output: Tokens, output_clip: int) -> Tokens:
+    """The KV a request reserves on its decode worker before its prefill starts (SGLang's
+    prealloc): its prompt and its output clipped at ``output_clip`` (a request's lengths,
+    or a demand's means)."""
+    return prompt + min(output, output_clip)
 
 
 def allocatable_kv(capacity: int, active: int, reserved: int) -> int:

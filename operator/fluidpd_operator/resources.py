@@ -30,6 +30,9 @@ SWITCH_DRAIN = f"{GROUP}/switch-drain"
 #: Scale-in: the pod is draining to be deleted.
 RETIRE = f"{GROUP}/retire"
 PROFILE_DIR = "/etc/fluidpd/profile"
+#: The key of ``model.profileConfigMap`` that holds the profile: the file the workers read,
+#: and what the operator forecasts with.
+PROFILE_KEY = "profile.yaml"
 #: Where every worker and router pod sees ``spec.model.source`` (read-only); ``--model-dir``.
 MODEL_DIR = "/mnt/models"
 TOKEN_KEY = "token"
@@ -147,7 +150,7 @@ def _model(spec: DeploymentSpec) -> ModelRef:
     """How workers and routers find the model: the mounted profile or the shipped one, and the
     mounted model directory."""
     m = spec.model
-    profile = f"{PROFILE_DIR}/profile.yaml" if m.profile_config_map else None
+    profile = f"{PROFILE_DIR}/{PROFILE_KEY}" if m.profile_config_map else None
     return ModelRef(m.name, m.gpu, profile, MODEL_DIR if m.source is not None else None)
 
 

@@ -18,7 +18,7 @@ from fluidpd.core.predictors import (
     TransferModel,
 )
 from fluidpd.core.scheduler.messages import Finished, FirstToken, Message, Reroute, Reserved
-from fluidpd.core.signals import allocatable_kv, dpi_adm, dpi_load
+from fluidpd.core.signals import allocatable_kv, dpi_adm, dpi_load, kv_commitment
 from fluidpd.core.types import SLO, Request
 
 
@@ -124,7 +124,8 @@ class DecodeSide:
     # -- KV admission -------------------------------------------------------------------------
     def commitment(self, req: Request) -> int:
         return min(
-            self.kv_capacity, req.prompt_len + min(req.max_new_tokens, self.reserve_output_clip)
+            self.kv_capacity,
+            kv_commitment(req.prompt_len, req.max_new_tokens, self.reserve_output_clip),
         )
 
     @property

@@ -68,10 +68,10 @@ class Switches(DeploymentState):
         try:
             if m.profile_config_map:
                 cm = await self.kube.get("v1", "ConfigMap", self.namespace, m.profile_config_map)
-                text = (cm.get("data") or {}).get("profile.yaml")
+                text = (cm.get("data") or {}).get(res.PROFILE_KEY)
                 source = f"ConfigMap {self.namespace}/{m.profile_config_map}"
                 if text is None:
-                    raise ProfileError(f"{source} has no key 'profile.yaml'")
+                    raise ProfileError(f"{source} has no key {res.PROFILE_KEY!r}")
                 profile: Profile | None = parse_profile(text, source)
             else:
                 profile = resolve_profile(m.name, m.gpu, None)
