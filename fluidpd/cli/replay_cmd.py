@@ -288,6 +288,13 @@ def run(args: argparse.Namespace) -> int:
         result = replay(workload, cfg, update)
     finally:
         close()
+    total = len(workload)
+    if result.stopped is not None:
+        if result.offered == 0:
+            raise UserError(f"replay stopped ({result.stopped}) before any request was sent")
+        # Measured over the requests whose send time came: the rest were never offered.
+        workload = workload.head(result.offered)
+        result.outcomes = result.outcomes[: result.offered]
     meta = ReplayMeta(
         label=label,
         rps=float(args.rps),
@@ -306,6 +313,9 @@ def run(args: argparse.Namespace) -> int:
         command=command,
     )
     output, _ = build_output(meta, workload, result)
+    if result.stopped is not None:
+        output.record["interrupted"] = result.stopped
+        output.record["not_sent"] = total - result.offered
     started = time.perf_counter()
     path = write_replay_results(out_dir, previous, previous_command, output)
     records = [*previous, output.record]
@@ -323,6 +333,13 @@ def run(args: argparse.Namespace) -> int:
     )
     if output.record["completed"] == 0:
         print("fluidpd: warning: every request failed (see errors above)", file=sys.stderr)
+    if result.stopped is not None:
+        print(
+            f"fluidpd: warning: replay stopped ({result.stopped}): measured over the "
+            f"{result.offered} of {total} requests it offered",
+            file=sys.stderr,
+        )
+        return 128 + result.signal
     return 0
 
 

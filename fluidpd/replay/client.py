@@ -14,6 +14,12 @@ rather than silently hidden (the actual send lag is reported next to the results
 Like the simulator, a request that has no first token ``timeout_s`` after its arrival is cancelled
 (its connection is closed, which SGLang and vLLM take as an abort) and counted failed.
 
+SIGTERM or SIGINT (``timeout``, a job's time limit, Ctrl-C) stops the replay without losing what
+it measured: nothing more is sent, the streams in flight are closed and counted failed
+("interrupted"), and the result says so (``ReplayResult.stopped``) and how many requests were
+offered, so that the caller can measure the run over the requests it sent. A replay of long
+prompts on an overloaded GPU, cut by its wrapper's time limit, used to end with no results.
+
 All timestamps come from :func:`time.perf_counter` and are stored as seconds since the replay
 start. The per-chunk path does one ``json.loads`` and a few dict lookups; bodies are encoded
 before their send time; progress is published by a 4 Hz ticker rather than per event.
@@ -34,6 +40,7 @@ import asyncio
 import contextlib
 import json
 import math
+import signal
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from time import perf_counter
@@ -183,6 +190,13 @@ class ReplayResult:
     stats_after: dict[str, Any] | None
     wall_s: float
     event_loop: str = "asyncio"
+    #: Why and when the replay was stopped early ("SIGTERM at 170.0 s"); None if it ran out.
+    stopped: str | None = None
+    #: The signal that stopped it (0 if none), for the caller's exit status.
+    signal: int = 0
+    #: Requests whose send time came before the stop: a prefix of the workload (all if not
+    #: stopped). Those in flight at the stop failed as "interrupted"; the rest were never sent.
+    offered: int = 0
 
 
 def _timeout_message(timeout_s: float) -> str:
@@ -262,6 +276,10 @@ class _Replay:
         self._slots = (
             asyncio.Semaphore(cfg.max_concurrency) if cfg.max_concurrency is not None else None
         )
+        self._tasks: list[asyncio.Task[None]] = []
+        self._scheduler: asyncio.Task[None] | None = None
+        self.stopped: str | None = None
+        self.signal = 0
 
     # -- the replay -----------------------------------------------------------------------------
     async def run(self) -> None:
@@ -296,17 +314,50 @@ class _Replay:
             ]
             if cfg.stats_interval_s is not None:
                 helpers.append(asyncio.create_task(self._sampler(admin, cfg.stats_interval_s)))
+            loop = asyncio.get_running_loop()
+            handled = _on_stop_signals(loop, self._stop)
             try:
-                requests = await self._schedule(session)
-                await asyncio.gather(*requests)
+                self._scheduler = asyncio.create_task(self._schedule(session))
+                try:
+                    await self._scheduler
+                except asyncio.CancelledError:
+                    if self.stopped is None:
+                        raise
+                ends = await asyncio.gather(*self._tasks, return_exceptions=True)
+                if self.stopped is not None:
+                    self._mark_interrupted()
+                else:
+                    for end in ends:
+                        if isinstance(end, BaseException):
+                            raise end
             finally:
+                for sig in handled:
+                    loop.remove_signal_handler(sig)
                 self._finished.set()
                 await asyncio.gather(*helpers, return_exceptions=True)
         self._publish()
 
-    async def _schedule(self, session: aiohttp.ClientSession) -> list[asyncio.Task[None]]:
+    def _stop(self, sig: signal.Signals) -> None:
+        """A stop signal: no more sends, and every request in flight fails as interrupted."""
+        if self.stopped is not None:
+            return
+        self.stopped = f"{sig.name} at {perf_counter() - self.t0:.1f} s"
+        self.signal = int(sig)
+        if self._scheduler is not None:
+            self._scheduler.cancel()
+        for task in self._tasks:
+            task.cancel()
+
+    def _mark_interrupted(self) -> None:
+        """Requests whose task the stop cancelled before it first ran never reached their own
+        handler: they fail as interrupted here."""
+        for task, out in zip(self._tasks, self.outcomes, strict=False):
+            if task.cancelled() and out.error is None:
+                out.error = f"interrupted: the replay was stopped ({self.stopped})"
+                self.failed += 1
+
+    async def _schedule(self, session: aiohttp.ClientSession) -> None:
         cfg = self.cfg
-        tasks: list[asyncio.Task[None]] = []
         for out in self.outcomes:
             # Encode the body while waiting for the send time, not after it.
             body = request_body(
@@ -321,8 +372,7 @@ class _Replay:
             delay = self.t0 + out.scheduled - perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(self._request(session, out, body)))
-        return tasks
+            self._tasks.append(asyncio.create_task(self._request(session, out, body)))
 
     async def _request(self, session: aiohttp.ClientSession, out: Outcome, body: bytes) -> None:
         remaining = self.t0 + out.scheduled + self.cfg.timeout_s - perf_counter()
@@ -343,12 +393,15 @@ class _Replay:
             # Ours (the first-token deadline): the session itself has no timeouts.
             out.error = _timeout_message(self.cfg.timeout_s)
         except asyncio.CancelledError:
-            if out.index not in self._stalled:
-                raise  # the whole replay is being cancelled (Ctrl-C)
+            if out.index in self._stalled:
+                out.error = f"stream stalled: no data for {self.cfg.timeout_s:g} s"
+            elif self.stopped is not None:
+                out.error = f"interrupted: the replay was stopped ({self.stopped})"
+            else:
+                raise  # the whole replay is being cancelled
             task = asyncio.current_task()
             if task is not None:
-                task.uncancel()  # the watchdog's cancel is handled here, not propagated
-            out.error = f"stream stalled: no data for {self.cfg.timeout_s:g} s"
+                task.uncancel()  # the watchdog's or the stop's cancel ends here, handled
         except aiohttp.ClientError as exc:
             out.error = f"{type(exc).__name__}: {_one_line(str(exc), 100)}".rstrip(": ")
         except ValueError:  # a chunk that is not JSON
@@ -492,6 +545,21 @@ def _event_loop_runner() -> tuple[Callable[[Coroutine[Any, Any, None]], None], s
     return run, "uvloop"
 
 
+def _on_stop_signals(
+    loop: asyncio.AbstractEventLoop, stop: Callable[[signal.Signals], None]
+) -> list[signal.Signals]:
+    """Routes SIGTERM and SIGINT to ``stop`` while the replay runs; returns those installed
+    (none off the main thread or where the loop cannot take signal handlers)."""
+    handled = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, stop, sig)
+        except (NotImplementedError, RuntimeError, ValueError):
+            continue
+        handled.append(sig)
+    return handled
+
+
 def _raise_fd_limit() -> None:
     """Lifts the soft open-files limit to the hard one: each in-flight stream holds a socket,
     and the common soft limit of 1024 would cap a replay at about a thousand streams."""
@@ -513,7 +581,8 @@ def replay(
 ) -> ReplayResult:
     """Replays ``workload`` against ``cfg.endpoint`` and returns every request's outcome, plus
     ``/admin/stats`` before, during (every ``cfg.stats_interval_s``) and after the replay when the
-    endpoint serves it. Blocks until every request has finished or failed."""
+    endpoint serves it. Blocks until every request has finished or failed, or a stop signal
+    (SIGTERM, SIGINT) ends the replay early (``ReplayResult.stopped``)."""
     before = fetch_admin_stats(cfg.endpoint, cfg.api_key) if cfg.stats_interval_s else None
     _raise_fd_limit()
     job = _Replay(workload, cfg, progress)
@@ -522,4 +591,7 @@ def replay(
     run(job.run())
     wall = perf_counter() - started
     after = fetch_admin_stats(cfg.endpoint, cfg.api_key) if cfg.stats_interval_s else None
-    return ReplayResult(job.outcomes, before, job.samples, after, wall, loop_name)
+    offered = len(job._tasks) if job.stopped is not None else len(job.outcomes)
+    return ReplayResult(
+        job.outcomes, before, job.samples, after, wall, loop_name, job.stopped, job.signal, offered
+    )

@@ -171,6 +171,23 @@ class Workload:
     def __len__(self) -> int:
         return int(self.arrivals.shape[0])
 
+    def head(self, count: int) -> Workload:
+        """The first ``count`` requests (1 <= count <= len(self)), with the windows they fall in
+        (a replay stopped part-way is measured over the requests it sent)."""
+        if not 1 <= count <= len(self):
+            raise WorkloadError(f"head: count must be in [1, {len(self)}], got {count}")
+        if count == len(self):
+            return self
+        return Workload(
+            name=self.name,
+            arrivals=self.arrivals[:count],
+            prompt_lens=self.prompt_lens[:count],
+            output_lens=self.output_lens[:count],
+            windows=tuple((lb, s, min(e, count)) for lb, s, e in self.windows if s < count),
+            description=f"{self.description} First {count:,} requests.".strip(),
+            capped_prompts=self.capped_prompts,
+        )
+
     def window_of(self, index: int) -> str:
         """Label of the window that holds request ``index`` (0 <= index < len(self))."""
         if not 0 <= index < len(self):

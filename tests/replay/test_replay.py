@@ -404,3 +404,39 @@ def test_no_openai_client_needed() -> None:
         "sys.exit('openai' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+def test_a_stop_signal_keeps_what_the_replay_measured(fake: FakeServer, tmp_path: Path) -> None:
+    """SIGTERM (``timeout``, a job's time limit) part-way: the replay sends nothing more, fails
+    the streams in flight as interrupted, and writes results over the requests it offered, with
+    the stop recorded, and exits 128 + 15."""
+    rows = [(0.4 * i, STALL if i == 2 else 9, 3) for i in range(12)]
+    trace = write_trace(tmp_path / "t.csv", rows)
+    out = tmp_path / "out"
+    argv = [
+        sys.executable, "-m", "fluidpd.cli.main", "replay", "--endpoint", fake.url,
+        "--workload", str(trace), "--rps", rate(rows), "--out", str(out), "--quiet",
+        "--no-plots", "--timeout", "60",
+    ]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while len(fake.seen) < 4:  # the stalled request is in flight from here on
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.02)
+    proc.terminate()
+    stdout, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 128 + 15, stderr
+    assert "replay stopped (SIGTERM at" in stderr and "Traceback" not in stderr
+    rec = json.loads((out / "results.json").read_text())["runs"][-1]
+    offered = rec["num_requests"]
+    assert rec["interrupted"].startswith("SIGTERM at ")
+    assert 4 <= offered < len(rows) and rec["not_sent"] == len(rows) - offered
+    assert rec["completed"] + rec["failed"] == offered
+    # The stalled stream (and any sent a moment before the stop) failed as interrupted;
+    # nothing else failed, and nothing past the offered prefix was sent.
+    assert set(rec["errors"]) == {f"interrupted: the replay was stopped ({rec['interrupted']})"}
+    assert 1 <= rec["failed"] <= 2 and len(fake.seen) <= offered
+    deadline = time.monotonic() + 5
+    while fake.disconnected < 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert fake.disconnected >= 1  # the stalled stream's connection was closed
