@@ -427,6 +427,7 @@ def test_a_stop_signal_keeps_what_the_replay_measured(fake: FakeServer, tmp_path
     stdout, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 128 + 15, stderr
     assert "replay stopped (SIGTERM at" in stderr and "Traceback" not in stderr
+    assert f"wrote {out / 'results.json'}" in stdout
     rec = json.loads((out / "results.json").read_text())["runs"][-1]
     offered = rec["num_requests"]
     assert rec["interrupted"].startswith("SIGTERM at ")
