@@ -173,7 +173,8 @@ class Workload:
 
     def head(self, count: int) -> Workload:
         """The first ``count`` requests (1 <= count <= len(self)), with the windows they fall in
-        (a replay stopped part-way is measured over the requests it sent)."""
+        (a replay stopped part-way is measured over the requests it sent). ``capped_prompts``
+        stays the whole workload's count: which prompts were cut is not kept."""
         if not 1 <= count <= len(self):
             raise WorkloadError(f"head: count must be in [1, {len(self)}], got {count}")
         if count == len(self):
