@@ -570,3 +570,22 @@ def test_each_azure_trace_is_parsed_once_for_every_workload_built_from_it() -> N
     info = workloads._parse_trace_cached.cache_info()
     assert info.misses == parsed and info.hits >= 2
     assert np.array_equal(first.arrivals, again.arrivals)
+
+
+def test_head_keeps_the_first_requests_and_the_windows_they_fall_in() -> None:
+    w = Workload(
+        "w",
+        np.arange(6, dtype=np.float64),
+        np.array([5, 6, 7, 8, 9, 10]),
+        np.array([1, 2, 3, 4, 5, 6]),
+        (("a", 0, 2), ("b", 2, 4), ("c", 4, 6)),
+        "six requests",
+    )
+    h = w.head(3)
+    assert len(h) == 3 and h.arrivals.tolist() == [0.0, 1.0, 2.0]
+    assert h.prompt_lens.tolist() == [5, 6, 7] and h.output_lens.tolist() == [1, 2, 3]
+    assert h.windows == (("a", 0, 2), ("b", 2, 3))
+    assert w.head(6) is w
+    for bad in (0, 7):
+        with pytest.raises(WorkloadError, match="head: count"):
+            w.head(bad)
