@@ -21,8 +21,8 @@
 # policies (also fluidtoken, fluidrole); UP_ARGS are added to every `fluidpd up` (e.g.
 # --dpi-adm-high 1.0) and LABEL_SUFFIX to the labels of those runs; NO_SIM=1 skips the
 # simulator and compare steps (for ablations the simulator has no twin of).
-# Outputs: $OUT/live/results.json, $OUT/sim/<workload>/results.json, $OUT/compare-*.json and
-# compare.txt,
+# Outputs: $OUT/live/results.json, $OUT/runs.tgz (the rest of live/, and sim/<workload>/),
+# $OUT/compare-*.json and compare.txt,
 # $OUT/commands.txt (every command as run), $OUT/logs.txt.
 set -x
 [ -n "${NO_SETUP:-}" ] || . scripts/gpu/setup.sh
@@ -127,4 +127,10 @@ for WL in $WORKLOADS; do
   fluidpd compare $OUT/live $OUT/sim/$WL --out $OUT/compare-$WL.json | tee -a $OUT/compare.txt
 done
 rm -rf $OUT/live/timeseries $OUT/sim/*/timeseries
-ls -la $OUT $OUT/live $OUT/sim 2>/dev/null || true  # no sim/ with NO_SIM
+# A call brings back only a few files (one of 2026-12-04 lost live/results.json to the limit):
+# live/results.json stays, the rest of live/ and sim/ travel as one archive.
+PACK=$(cd $OUT && find live sim -type f ! -path live/results.json 2>/dev/null)
+if [ -n "$PACK" ]; then
+  (cd $OUT && tar czf runs.tgz $PACK && rm -f $PACK && rm -rf sim)
+fi
+ls -la $OUT $OUT/live 2>/dev/null || true
