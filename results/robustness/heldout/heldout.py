@@ -63,10 +63,10 @@ def main(out: str, files: list[str]) -> None:
 
 
 def bins(
-    path: str, workload: str, slo_name: str, workers: int, fraction: float, bin_s: float
+    profile: Profile, workload: str, slo_name: str, workers: int, fraction: float, bin_s: float
 ) -> None:
     """One cell's time series, built as ``run_cell`` builds it."""
-    profile, slo, size = load_profile_file(path), rb.SLOS[slo_name], rb.SIZES["full"]
+    slo, size = rb.SLOS[slo_name], rb.SIZES["full"]
     model = CapacityModel.from_profile(profile, slo)
     r_best = rb.best_capacity_rate(model, rb.thinned(workload, 1.0, 0, profile, size), workers)
     rps = float(f"{fraction * r_best:.3g}")
@@ -97,6 +97,7 @@ def bins(
 if __name__ == "__main__":
     if sys.argv[1:2] == ["bins"]:
         a = sys.argv[2:]
-        bins(a[0], a[1], a[2], int(a[3]), float(a[4]), float(a[5]) if len(a) > 5 else 20.0)
+        profile = load_profile_file(a[0])
+        bins(profile, a[1], a[2], int(a[3]), float(a[4]), float(a[5]) if len(a) > 5 else 20.0)
     else:
         main(sys.argv[1], sys.argv[2:])
