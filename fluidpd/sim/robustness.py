@@ -25,7 +25,7 @@ from fluidpd.core.profile import Profile
 from fluidpd.core.types import SLO
 from fluidpd.profiles import resolve_profile
 from fluidpd.sim.longctx import LONG_WORKLOAD_NAMES
-from fluidpd.sim.metrics import attainment
+from fluidpd.sim.metrics import attainment, good_mask
 from fluidpd.sim.policies import MECHANISMS
 from fluidpd.sim.runner import RunSpec, run_oracle
 from fluidpd.sim.simulator import SimConfig, simulate
@@ -196,12 +196,41 @@ def quick_reversals(switches: Sequence[dict[str, Any]], cooldown_s: float) -> in
     return n
 
 
-def run_cell(cell: Cell, seed: int, size: SuiteSize) -> dict[str, Any]:
-    profile = resolve_profile(cell.profile[0], cell.profile[1], None)
+@dataclass(frozen=True, slots=True)
+class CellSetup:
+    """A cell made concrete: its rate, its workload at that rate and its base deployment (the
+    even split, the suite's engine noise)."""
+
+    rps: float
+    workload: Workload
+    base: SimConfig
+
+
+def setup_cell(
+    cell: Cell, seed: int, size: SuiteSize, profile: Profile | None = None
+) -> CellSetup | None:
+    """The cell at ``fraction x r_best``, on ``profile`` (default: the shipped one its model
+    and GPU name); None when no split carries any rate."""
+    profile = profile or resolve_profile(cell.profile[0], cell.profile[1], None)
     slo = SLOS[cell.slo]
     model = CapacityModel.from_profile(profile, slo)
     probe = thinned(cell.workload, 1.0, seed, profile, size)
     r_best = best_capacity_rate(model, probe, cell.workers)
+    if r_best <= 0:
+        return None
+    rps = float(f"{cell.fraction * r_best:.3g}")
+    w = thinned(cell.workload, rps, seed, profile, size)
+    half = cell.workers // 2
+    # The sim command's default engine noise, so that forecasts are not trivially exact.
+    base = SimConfig(profile, slo, half, cell.workers - half, noise=SUITE_NOISE, seed=seed)
+    return CellSetup(rps, w, base)
+
+
+def run_cell(
+    cell: Cell, seed: int, size: SuiteSize, profile: Profile | None = None
+) -> dict[str, Any]:
+    """One cell's row; ``profile`` runs it on another profile than its model and GPU name."""
+    slo = SLOS[cell.slo]
     out: dict[str, Any] = {
         "workload": cell.workload,
         "model": cell.profile[0],
@@ -210,17 +239,14 @@ def run_cell(cell: Cell, seed: int, size: SuiteSize) -> dict[str, Any]:
         "workers": cell.workers,
         "fraction": cell.fraction,
     }
-    if r_best <= 0:
+    setup = setup_cell(cell, seed, size, profile)
+    if setup is None:
         # No split carries any rate: the mean prompt alone outlasts the TTFT target (Qwen3-14B
         # on an A100 needs more than 1 s for an 8K-token prefill). Every policy would miss
         # every request, so the cell says so instead of comparing zeros.
         out["skipped"] = f"no static split meets TTFT {slo.ttft:g} s at any rate"
         return out
-    rps = float(f"{cell.fraction * r_best:.3g}")
-    w = thinned(cell.workload, rps, seed, profile, size)
-    half = cell.workers // 2
-    # The sim command's default engine noise, so that forecasts are not trivially exact.
-    base = SimConfig(profile, slo, half, cell.workers - half, noise=SUITE_NOISE, seed=seed)
+    rps, w, base = setup.rps, setup.workload, setup.base
     out |= {
         "rps": rps,
         "requests": len(w),
@@ -245,6 +271,41 @@ def run_cell(cell: Cell, seed: int, size: SuiteSize) -> dict[str, Any]:
     out["vs_static_pp"] = round(100 * (out["fluidpd"] - out["static"]), 2)
     out["vs_oracle_pp"] = round(100 * (out["fluidpd"] - oracle), 2)
     return out
+
+
+def cell_timeseries(
+    cell: Cell, seed: int, size: SuiteSize, bin_s: float, profile: Profile | None = None
+) -> str:
+    """Why a cell scores what it does: its arrivals and misses per ``bin_s`` seconds for every
+    static split and for FluidPD, with FluidPD's switches."""
+    setup = setup_cell(cell, seed, size, profile)
+    if setup is None:
+        return f"{cell.label}: skipped (no static split meets TTFT at any rate)\n"
+    w, base = setup.workload, setup.base
+    t = np.asarray(w.arrivals)
+    edges = np.arange(0.0, float(t[-1]) + bin_s, bin_s)
+    which = np.digitize(t, edges) - 1
+
+    def per_bin(mask: Any) -> str:
+        return " ".join(f"{int(np.sum(mask & (which == b))):4d}" for b in range(len(edges) - 1))
+
+    lines = [
+        f"{cell.workload} {base.profile.name} {cell.slo} {cell.workers}w {cell.fraction:g}x: "
+        f"{setup.rps:g} req/s",
+        f"{'arrivals':>16s} {'':>6s} {per_bin(np.ones(len(w), dtype=bool))}",
+    ]
+    n = cell.workers
+    runs = [
+        (f"static {p}P{n - p}D", replace(base, n_prefill=p, n_decode=n - p)) for p in range(1, n)
+    ]
+    runs.append(("fluidpd", replace(base, mechanisms=MECHANISMS["fluidpd"])))
+    for label, cfg in runs:
+        result = simulate(w, cfg)
+        ttft_ok, tpot_ok = good_mask(result.requests, base.slo)
+        good = ttft_ok & tpot_ok
+        lines.append(f"{label:>16s} {100 * float(np.mean(good)):5.1f}% {per_bin(~good)}")
+        lines.extend(f"{'':>24s}switch {switch.as_dict()}" for switch in result.switches)
+    return "\n".join(lines) + "\n"
 
 
 def _oracle(w: Workload, base: SimConfig) -> float:

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from fluidpd.profiles import resolve_profile
 from fluidpd.sim.robustness import (
     SIZES,
+    Cell,
+    cell_timeseries,
     cells,
     check,
     count_cells,
@@ -14,6 +17,7 @@ from fluidpd.sim.robustness import (
     max_switches_per,
     overall,
     quick_reversals,
+    run_cell,
     run_suite,
 )
 
@@ -93,3 +97,25 @@ def test_flap_counters() -> None:
     ]
     assert max_switches_per(sw, 600.0) == 2
     assert quick_reversals(sw, 300.0) == 1
+
+
+def test_a_cells_time_series_adds_up_to_its_row() -> None:
+    """``cell_timeseries`` (the "show why" of a cell) is the cell ``run_cell`` scores: FluidPD's
+    and the even static split's attainment and misses per bin match its row, on the profile
+    given as well as the shipped one."""
+    size = replace(SIZES["ci"], long_requests=150)
+    cell = Cell("long-chat-poisson", ("llama-3.1-8b", "a100-80gb"), "medium", 4, 1.2)
+    other = resolve_profile("llama-3.1-8b", "h200", None)
+    for profile in (None, other):
+        row = run_cell(cell, 0, size, profile)
+        lines = cell_timeseries(cell, 0, size, 20.0, profile).splitlines()
+        assert lines[0].endswith(f"{row['rps']:g} req/s")
+        arrivals = [int(x) for x in lines[1].split()[1:]]
+        assert sum(arrivals) == row["requests"]
+        series = {ln.split("%")[0].rsplit(None, 1)[0].strip(): ln for ln in lines[2:] if "%" in ln}
+        assert set(series) == {"static 1P3D", "static 2P2D", "static 3P1D", "fluidpd"}
+        for label, key in (("static 2P2D", "static"), ("fluidpd", "fluidpd")):
+            share, misses = series[label].split("%")
+            assert float(share.split()[-1]) == round(100 * row[key], 1)
+            assert sum(int(x) for x in misses.split()) == round((1 - row[key]) * row["requests"])
+        assert sum("switch {" in ln for ln in lines) == row["switches"]

@@ -5,14 +5,11 @@ cannot meet this, show why with its time series").
 
 writes one file per cell that misses a bar (``fluidpd.sim.robustness.check``): the bars it misses,
 then its arrivals and misses per bin (about 20 bins over the trace) for every static split and
-for FluidPD, with FluidPD's switches (``../heldout/heldout.py``'s ``bins``, the cell built as
-``run_cell`` builds it).
+for FluidPD, with FluidPD's switches (``fluidpd.sim.robustness.cell_timeseries``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import math
 import sys
@@ -20,11 +17,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from fluidpd.profiles import resolve_profile
 from fluidpd.sim import robustness as rb
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "heldout"))
-import heldout
 
 BINS = 20
 
@@ -37,17 +30,15 @@ def _name(row: dict[str, Any]) -> str:
 
 
 def _series(row: dict[str, Any]) -> tuple[str, str]:
-    profile = resolve_profile(row["model"], row["gpu"], None)
+    cell = rb.Cell(row["workload"], (row["model"], row["gpu"]), row["slo"], row["workers"],
+                   row["fraction"])  # fmt: skip
     bin_s = max(1.0, math.ceil(float(row["trace_s"]) / BINS))
-    text = io.StringIO()
-    with contextlib.redirect_stdout(text):
-        print(f"misses: {', '.join(rb.check(row))}")
-        print(
-            f"static {100 * row['static']:.1f} %, FluidPD {100 * row['fluidpd']:.1f} %, "
-            f"oracle {100 * row['oracle']:.1f} %; {row['trace_s']} s of trace, bins of {bin_s:g} s"
-        )
-        heldout.bins(profile, row["workload"], row["slo"], row["workers"], row["fraction"], bin_s)
-    return _name(row), text.getvalue()
+    head = (
+        f"misses: {', '.join(rb.check(row))}\n"
+        f"static {100 * row['static']:.1f} %, FluidPD {100 * row['fluidpd']:.1f} %, "
+        f"oracle {100 * row['oracle']:.1f} %; {row['trace_s']} s of trace, bins of {bin_s:g} s\n"
+    )
+    return _name(row), head + rb.cell_timeseries(cell, 0, rb.SIZES["full"], bin_s)
 
 
 def main(cells: str, out: str) -> None:
