@@ -339,7 +339,7 @@ def run(args: argparse.Namespace) -> int:
             f"{result.offered} of {total} requests it offered",
             file=sys.stderr,
         )
-        return 128 + result.signal
+        return 128 + result.stop_signal
     return 0
 
 

@@ -193,7 +193,7 @@ class ReplayResult:
     #: Why and when the replay was stopped early ("SIGTERM at 170.0 s"); None if it ran out.
     stopped: str | None = None
     #: The signal that stopped it (0 if none), for the caller's exit status.
-    signal: int = 0
+    stop_signal: int = 0
     #: Requests whose send time came before the stop: a prefix of the workload (all if not
     #: stopped). Those in flight at the stop failed as "interrupted"; the rest were never sent.
     offered: int = 0
@@ -279,7 +279,7 @@ class _Replay:
         self._tasks: list[asyncio.Task[None]] = []
         self._scheduler: asyncio.Task[None] | None = None
         self.stopped: str | None = None
-        self.signal = 0
+        self.stop_signal = 0
 
     # -- the replay -----------------------------------------------------------------------------
     async def run(self) -> None:
@@ -342,11 +342,16 @@ class _Replay:
         if self.stopped is not None:
             return
         self.stopped = f"{sig.name} at {perf_counter() - self.t0:.1f} s"
-        self.signal = int(sig)
+        self.stop_signal = int(sig)
         if self._scheduler is not None:
             self._scheduler.cancel()
         for task in self._tasks:
             task.cancel()
+
+    @property
+    def offered(self) -> int:
+        """Requests whose send time came (all of them unless the replay was stopped)."""
+        return len(self._tasks) if self.stopped is not None else len(self.outcomes)
 
     def _mark_interrupted(self) -> None:
         """Requests whose task the stop cancelled before it first ran never reached their own
@@ -555,6 +560,8 @@ def _on_stop_signals(
         try:
             loop.add_signal_handler(sig, stop, sig)
         except (NotImplementedError, RuntimeError, ValueError):
+            # Not the main thread, or a loop without signal support: the signal keeps its
+            # default (the replay is cancelled as before, and nothing is written).
             continue
         handled.append(sig)
     return handled
@@ -591,7 +598,14 @@ def replay(
     run(job.run())
     wall = perf_counter() - started
     after = fetch_admin_stats(cfg.endpoint, cfg.api_key) if cfg.stats_interval_s else None
-    offered = len(job._tasks) if job.stopped is not None else len(job.outcomes)
     return ReplayResult(
-        job.outcomes, before, job.samples, after, wall, loop_name, job.stopped, job.signal, offered
+        job.outcomes,
+        before,
+        job.samples,
+        after,
+        wall,
+        loop_name,
+        job.stopped,
+        job.stop_signal,
+        job.offered,
     )
