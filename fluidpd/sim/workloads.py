@@ -44,6 +44,7 @@ import functools
 import math
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from numbers import Integral, Real
@@ -184,7 +185,7 @@ class Workload:
             arrivals=self.arrivals[:count],
             prompt_lens=self.prompt_lens[:count],
             output_lens=self.output_lens[:count],
-            windows=tuple((lb, s, min(e, count)) for lb, s, e in self.windows if s < count),
+            windows=tuple(_first_windows(self.windows, count)),
             description=f"{self.description} First {count:,} requests.".strip(),
             capped_prompts=self.capped_prompts,
         )
@@ -528,6 +529,13 @@ def _build_csv(path: Path, rps: float) -> _Draft:
     )
 
 
+def _first_windows(
+    windows: Iterable[tuple[str, int, int]], count: int
+) -> list[tuple[str, int, int]]:
+    """The windows of the first ``count`` requests, the last one cut at ``count``."""
+    return [(label, s, min(e, count)) for label, s, e in windows if s < count]
+
+
 def _truncate(draft: _Draft, count: int, spec: str) -> None:
     n = draft.arrivals.shape[0]
     if count > n:
@@ -539,7 +547,7 @@ def _truncate(draft: _Draft, count: int, spec: str) -> None:
     draft.arrivals = draft.arrivals[:count]
     draft.prompts = draft.prompts[:count]
     draft.outputs = draft.outputs[:count]
-    draft.windows = [(label, s, min(e, count)) for label, s, e in draft.windows if s < count]
+    draft.windows = _first_windows(draft.windows, count)
     draft.notes.append(f"Truncated to the first {count:,} requests.")
 
 
