@@ -18,8 +18,9 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-from fluidpd.profiles import load_profile_file
+from fluidpd.profiles import ProfileError, load_profile_file
 from fluidpd.sim import robustness as rb
+from fluidpd.sim.workloads import WorkloadError
 
 #: A held-out cell's model names its profile file (its "gpu" is "file").
 _FILE = "file:"
@@ -55,9 +56,27 @@ def bins(path: str, workload: str, slo: str, workers: int, fraction: float, bin_
     print(rb.cell_timeseries(cell, 0, rb.SIZES["full"], bin_s, profile), end="")
 
 
+_USAGE = (
+    "usage: python heldout.py OUT.jsonl PROFILE.yaml [PROFILE.yaml ...]\n"
+    "       python heldout.py bins PROFILE.yaml WORKLOAD SLO WORKERS FRACTION [BIN_S]"
+)
+
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["bins"]:
-        a = sys.argv[2:]
-        bins(a[0], a[1], a[2], int(a[3]), float(a[4]), float(a[5]) if len(a) > 5 else 20.0)
+    args = sys.argv[1:]
+    if args[:1] == ["bins"]:
+        a = args[1:]
+        try:
+            workers, fraction = int(a[3]), float(a[4])
+            bin_s = float(a[5]) if len(a) > 5 else 20.0
+        except (IndexError, ValueError):
+            sys.exit(_USAGE)
+        if a[2] not in rb.SLOS or workers < 2 or fraction <= 0 or bin_s <= 0:
+            sys.exit(f"SLO: one of {', '.join(rb.SLOS)}; WORKERS >= 2; FRACTION, BIN_S > 0")
+        try:
+            bins(a[0], a[1], a[2], workers, fraction, bin_s)
+        except (ProfileError, WorkloadError) as exc:
+            sys.exit(f"error: {exc}")
+    elif len(args) >= 2:
+        main(args[0], args[1:])
     else:
-        main(sys.argv[1], sys.argv[2:])
+        sys.exit(_USAGE)

@@ -53,4 +53,6 @@ def main(cells: str, out: str) -> None:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit("usage: python timeseries.py CELLS.jsonl OUT_DIR")
     main(sys.argv[1], sys.argv[2])
