@@ -90,6 +90,23 @@ class Demand:
         arrivals of a stream with c_a^2 = 9 read its rate as 6.1 req/s against 9.4)."""
         return self.samples >= MIN_DEMAND_SAMPLES * max(1.0, self.arrival_cv2)
 
+    def attainable_prefill_s(self, ttft_s: float) -> float:
+        """Mean predicted prefill seconds of the prompts whose prefill alone fits within
+        ``ttft_s`` (from ``prefill_quantiles``; the mean of all when every quantile fits or
+        they are unknown, at least ``ttft_s`` when none fits).
+
+        A prompt whose prefill outlasts the TTFT target misses it at any split, so its budget
+        cannot say how much queueing the pool has room for: what is left of the target after
+        the prefill is what the prompts that can still make it may wait. Read over all
+        prompts, a mix whose mean prefill passes the target (20K-token prompts, 2 s TTFT, an
+        A100) gave a prefill pool busy 5-20 % of the time a load ratio of 3 to infinity, and
+        no worker could leave it for the saturated decode pool."""
+        times = self.prefill_quantiles
+        if not times or max(times) < ttft_s:
+            return self.prefill_s
+        fit = [t for t in times if t < ttft_s]
+        return sum(fit) / len(fit) if fit else max(self.prefill_s, ttft_s)
+
     @property
     def prefill_residual(self) -> float:
         """E[T^2] / E[T]: twice the mean residual prefill time an arrival waits behind (equal
@@ -203,6 +220,10 @@ class Forecast:
     #: now and after the switch: a switch must not lose there what it gains at the lower bound.
     peak_loss_before: float = 0.0
     peak_loss_after: float = 0.0
+    #: A prefill donor's load ratio at the recent peak rate before the switch, and its busy
+    #: fraction there after it (0 and inf for a decode donor; see ``donor_keeps_up``).
+    donor_before: float = 0.0
+    donor_busy_after: float = math.inf
 
     @property
     def saved(self) -> float:
@@ -333,7 +354,9 @@ class CapacityModel:
             return 0.0
         if n_prefill <= 0:
             return math.inf
-        headroom = prefill_headroom(d.prefill_s, self.slo.ttft, self._residual(d, n_prefill))
+        headroom = prefill_headroom(
+            d.attainable_prefill_s(self.slo.ttft), self.slo.ttft, self._residual(d, n_prefill)
+        )
         if headroom <= 0:
             return math.inf
         return self.prefill_busy(d, n_prefill) / headroom
@@ -343,7 +366,7 @@ class CapacityModel:
         ``n_prefill`` workers, at the busy fraction times the calibration ``scale``), at most
         its TTFT budget: past it the prompt
         is lost to the SLO whatever it waits, which ``prefill_miss`` counts."""
-        budget = max(0.0, self.slo.ttft - d.prefill_s)
+        budget = max(0.0, self.slo.ttft - d.attainable_prefill_s(self.slo.ttft))
         busy = scale * self.prefill_busy(d, n_prefill)
         if busy <= 0:
             return 0.0
@@ -531,6 +554,8 @@ class CapacityModel:
             donor = bound * self.decode_ratio(peak, left.n_decode, queued)
         else:
             donor = p_scale * self.prefill_ratio(peak, left.n_prefill)
+            donor_before = p_scale * self.prefill_ratio(peak, split.n_prefill)
+            donor_busy = p_scale * self.prefill_busy(peak, left.n_prefill)
         return Forecast(
             before,
             after,
@@ -549,6 +574,8 @@ class CapacityModel:
             (observed_decode if source is Role.DECODE else observed_busy) is not None,
             self.loss(peak, split, scale, p_scale),
             self.loss(peak, left, scale, p_scale),
+            donor_before if source is Role.PREFILL else 0.0,
+            donor_busy if source is Role.PREFILL else math.inf,
         )
 
 
@@ -748,10 +775,25 @@ def clearly_worth(f: Forecast, margin: float, receiver_starved: bool = False) ->
         and f.loss_after <= f.loss_before * (1 - margin)
         and f.saved >= max(1.0, f.noise)
         and (
-            (f.donor_after < 1.0 and f.peak_loss_after <= f.peak_loss_before)
+            (donor_keeps_up(f) and f.peak_loss_after <= f.peak_loss_before)
             or (receiver_starved and overload_traded(f, margin))
         )
     )
+
+
+def donor_keeps_up(f: Forecast) -> bool:
+    """Whether the donor phase carries the recent peak rate after the switch: its load ratio
+    stays below 1 (``donor_after``), or, for a prefill pool that is past its TTFT capacity at
+    that rate already (``donor_before >= 1``), its busy fraction does (``donor_busy_after``).
+
+    The decode ratio is a throughput limit (streams a TPOT batch holds, KV slots), so past 1
+    the decode pool falls behind. The prefill ratio is the busy fraction over the headroom the
+    TTFT target leaves a prompt to queue, which long prompts make small (20K-token prompts
+    under a 2 s TTFT: a pool of six busy 13-40 % read 1.5-2.7). Past 1 there, the pool misses
+    deadlines it misses with or without the worker, and the loss (``CapacityModel.loss``,
+    prompt by prompt) weighs those misses against the decode pool's; a switch that leaves it
+    short of throughput still may not pass."""
+    return f.donor_after < 1.0 or (f.donor_before >= 1.0 and f.donor_busy_after < 1.0)
 
 
 def overload_traded(f: Forecast, margin: float) -> bool:

@@ -4,6 +4,7 @@ whose forecast the observed pressure refutes is undone, restoring the prior spli
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import replace
 
 import pytest
@@ -30,6 +31,7 @@ from fluidpd.core.policy_forecast import (
     Forecast,
     Split,
     clearly_worth,
+    donor_keeps_up,
     overload_traded,
     poisson_tail,
     prefill_headroom,
@@ -314,6 +316,52 @@ def test_headroom_is_relative_to_prompt_and_slo() -> None:
     assert math.isinf(MODEL.prefill_ratio(demand(1.0, 60000, 10), 4))
 
 
+def _long_prompts(rate: float, median: int, n: int = 200) -> Demand:
+    """A window of prompts lognormal around ``median`` tokens (sigma 0.5), 900-token outputs."""
+    w = DemandWindow(MODEL.prefill, window_s=n / rate)
+    rng = random.Random(0)
+    for i in range(n):
+        w.add(i / rate, int(rng.lognormvariate(math.log(median), 0.5)), 900)
+    return w.demand((n - 0.5) / rate)
+
+
+def test_the_ttft_headroom_is_that_of_the_prompts_that_can_make_it() -> None:
+    d = _long_prompts(2.0, 18000)
+    q = d.prefill_quantiles
+    assert d.prefill_s > SLO_.ttft and min(q) < SLO_.ttft < max(q)
+    fit = [t for t in q if t < SLO_.ttft]
+    assert math.isclose(d.attainable_prefill_s(SLO_.ttft), sum(fit) / len(fit))
+    # Read over every prompt the mean's budget is gone and no pool size is within capacity;
+    # the prompts that can make TTFT have time left to queue, so enough workers are.
+    assert math.isinf(MODEL.prefill_ratio(replace(d, prefill_quantiles=()), 7))
+    assert MODEL.prefill_ratio(d, 12) < 1.0 < MODEL.prefill_ratio(d, 4)
+    # Where every prompt fits, the mean's budget stands; where none does, nothing is within.
+    short = _long_prompts(2.0, 4000)
+    assert short.attainable_prefill_s(SLO_.ttft) == short.prefill_s
+    assert MODEL.prefill_ratio(short, 2) == MODEL.prefill_ratio(
+        replace(short, prefill_quantiles=()), 2
+    )
+    assert math.isinf(MODEL.prefill_ratio(_long_prompts(2.0, 200000), 7))
+
+
+def test_a_prefill_pool_past_its_ttft_capacity_gives_a_worker_while_it_keeps_up() -> None:
+    # 18K-token prompts under a 2 s TTFT: six prefill workers are past the headroom the
+    # prompts that can make it leave (ratio > 1 at the peak), busy well under 1; the two decode
+    # workers are saturated. P->D loses no deadline the prefill pool would keep.
+    d = _long_prompts(2.0, 18000)
+    f = MODEL.forecast(d, Split(6, 2), Role.PREFILL, 120.0, True, 0.98, 0.5, 0.2)
+    assert f.donor_after >= 1.0 and f.donor_before >= 1.0 and f.donor_busy_after < 1.0
+    assert donor_keeps_up(f) and clearly_worth(f, CFG.gain_margin)
+    # A prefill pool within capacity before the switch keeps the plain donor check ...
+    assert not donor_keeps_up(replace(f, donor_before=0.99))
+    # ... one short of throughput after it is refused ...
+    assert not clearly_worth(replace(f, donor_busy_after=1.0), CFG.gain_margin)
+    # ... and a decode donor's ratio is its throughput already.
+    g = MODEL.forecast(d, Split(2, 6), Role.DECODE, 120.0, True, 0.5, 3.0, 0.9)
+    assert g.donor_before == 0.0 and math.isinf(g.donor_busy_after)
+    assert donor_keeps_up(g) == (g.donor_after < 1.0)
+
+
 def test_demand_window_keeps_running_sums() -> None:
     w = DemandWindow(MODEL.prefill, window_s=10.0)
     for i in range(200):
@@ -376,7 +424,7 @@ def test_a_taken_switch_leaves_its_donor_within_capacity_at_the_peak(
     # peak or the rate's upper bound), with the calibration the policy applied.
     f = decision.forecast
     assert f is not None
-    assert f.donor_after < 1.0 or overload_traded(f, CFG.gain_margin)
+    assert donor_keeps_up(f) or overload_traded(f, CFG.gain_margin)
     assert d.burst.rate >= max(peak, rate)
     # A higher peak can only hold a switch back, never bring one on.
     calmer = Demand(rate, prompt, output, d.prefill_s, samples, True, 0.0)
