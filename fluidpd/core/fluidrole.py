@@ -400,10 +400,19 @@ class FluidRolePolicy:
         # calibrates the forecast only once the pool has had time to fill since the first
         # arrival (``fill_seconds``, or a whole demand window) and the last switch has settled.
         filled = demand.full_window or demand.seen_s >= self.model.fill_seconds(demand, p.n_decode)
+        # Before then, a reading above the model is still evidence the model is low.
         settled = filled and now >= self._last_switch_end + self.cfg.settle_s
-        observed = self._decode_observed(now, demand.seen_s) if settled else None
+        observed = self._decode_observed(now, demand.seen_s)
         return self.model.forecast(
-            demand, split, source, self.cfg.horizon_s, migrate, observed, p.ppi_bar, p.prefill_busy
+            demand,
+            split,
+            source,
+            self.cfg.horizon_s,
+            migrate,
+            observed if settled else None,
+            p.ppi_bar,
+            p.prefill_busy,
+            None if settled else observed,
         )
 
     def _note_decode(self, now: float, p: PoolPressure, demand: Demand | None = None) -> None:

@@ -482,8 +482,16 @@ class CapacityModel:
         """How long ``n_decode`` decode workers take to reach their steady load from empty: an
         M/G/infinity stage is at its stationary occupancy once its streams have run their
         course, so a prompt's prefill plus twice a mean stream (E[O] iterations at the
-        iteration time of the forecast concurrency, eq. 13). Before it, the decode pool's
-        observed pressure understates its load and cannot calibrate the model."""
+        iteration time of the forecast concurrency, eq. 13), or E[O^2] / E[O] iterations where
+        that is longer. Before it, the decode pool's observed pressure understates its load and
+        cannot calibrate the model.
+
+        E[O^2] / E[O] is the mean length of the stream a token belongs to (twice the mean for
+        exponential lengths): where outputs come in two kinds (70 % about 30 tokens, 30 %
+        about 800), twice the mean (520 tokens) ends before the long streams do, the pool
+        holds two thirds of its steady load, and that reading scaled the model down by 0.6; a
+        D->P switch 6 s into the trace then left one decode worker that saturated a minute
+        later (41.9 % against static 45.9 %)."""
         if d.rate <= 0 or n_decode <= 0:
             return math.inf
         concurrency = self._decode_load(d, n_decode)[0]
@@ -491,7 +499,10 @@ class CapacityModel:
             return math.inf
         ctx = d.prompt + d.output / 2.0
         iteration = (self.decode.a_c * ctx + self.decode.a_n) * max(concurrency, 1.0)
-        return d.prefill_s + 2.0 * d.output * (iteration + self.decode.a_0)
+        streams = 2.0 * d.output
+        if d.output > 0 and d.output2 > 0:
+            streams = max(streams, d.output2 / d.output)
+        return d.prefill_s + streams * (iteration + self.decode.a_0)
 
     def drain_seconds(self, d: Demand, source: Role, migrate: bool) -> float:
         """Forecast drain + flip time: a prefill worker finishes about one prompt; a decode
@@ -513,13 +524,25 @@ class CapacityModel:
         observed_decode: float | None = None,
         observed_prefill: float | None = None,
         observed_busy: float | None = None,
+        filling_decode: float | None = None,
     ) -> Forecast:
         """The switch's forecast. ``observed_decode`` (max of the decode pool's DPI-bar_load
         and DPI-bar_adm, the same ratio measured) and ``observed_prefill`` (PPI-bar: queued
         work over the time left to the deadlines) with ``observed_busy`` (the prefill
         workers' measured busy fraction; see ``prefill_scale``) rescale the forecasts of the
         current split, so that the model is only trusted for how the load changes with the
-        pool size."""
+        pool size.
+
+        ``filling_decode`` is the same decode reading taken before the pool has settled (it
+        is still filling, since the first arrival or the last switch): a lower bound of its
+        load. It may only raise the model, never lower it, and only where the decode pool is
+        the donor, whose check it makes stricter; a P->D forecast keeps the model, since a
+        reading the pool may not keep must not make a worker look needed there (taken for both,
+        it reversed a D->P switch into a burst 26 s after it). Trusting the model alone there,
+        a second D->P switch (Qwen3-14B, heavy-tailed prompts, 5P3D -> 6P2D, 29 s after the
+        first) read the two decode workers left at 0.94 of capacity while the three observed
+        ran at 1.5 times the model; 6P2D then missed nearly every request (11.1 % against
+        static 36.8 %)."""
         p_scale = prefill_scale(
             self.prefill_ratio(d, split.n_prefill),
             observed_prefill,
@@ -527,7 +550,13 @@ class CapacityModel:
             self.prefill_busy(d, split.n_prefill),
         )
         queued = self.prefill_wait(d, split.n_prefill, p_scale)
-        scale = decode_scale(self.decode_ratio(d, split.n_decode, queued), observed_decode)
+        modelled = self.decode_ratio(d, split.n_decode, queued)
+        if observed_decode is not None:
+            scale = decode_scale(modelled, observed_decode)
+        elif source is Role.DECODE:
+            scale = max(1.0, decode_scale(modelled, filling_decode))
+        else:
+            scale = 1.0
         low = d.low
         before = self.bottleneck(low, split, scale, p_scale)
         after = self.bottleneck(low, split.after(source), scale, p_scale)

@@ -362,6 +362,53 @@ def test_a_prefill_pool_past_its_ttft_capacity_gives_a_worker_while_it_keeps_up(
     assert donor_keeps_up(g) == (g.donor_after < 1.0)
 
 
+def test_a_filling_decode_pool_read_above_the_model_holds_back_its_donor() -> None:
+    d = demand(12.0, 2000, 200)
+    split = Split(3, 3)
+    plain = MODEL.forecast(d, split, Role.DECODE, 120.0, True, None, 0.5)
+    modelled = MODEL.decode_ratio(d, 3, MODEL.prefill_wait(d, 3))
+    # A pool still filling reads a lower bound of its load: above the model, the donor check
+    # of a D->P switch holds the decode workers left to it ...
+    high = MODEL.forecast(d, split, Role.DECODE, 120.0, True, None, 0.5, None, 1.5 * modelled)
+    assert math.isclose(high.donor_after, 1.5 * plain.donor_after, rel_tol=1e-9)
+    # ... below the model it says nothing (the calibrated reading of a settled pool may) ...
+    low = MODEL.forecast(d, split, Role.DECODE, 120.0, True, None, 0.5, None, 0.5 * modelled)
+    assert repr(low) == repr(plain)
+    settled = MODEL.forecast(d, split, Role.DECODE, 120.0, True, 0.5 * modelled, 0.5)
+    assert settled.donor_after < plain.donor_after
+    # ... and it never makes a P->D switch look more needed.
+    p_plain = MODEL.forecast(d, split, Role.PREFILL, 120.0, True, None, 0.5)
+    p_high = MODEL.forecast(d, split, Role.PREFILL, 120.0, True, None, 0.5, None, 3 * modelled)
+    assert repr(p_high) == repr(p_plain)
+
+
+def test_the_policy_reads_an_unsettled_decode_pool_as_a_lower_bound() -> None:
+    # Half a window seen, shorter than the pool takes to fill: not settled.
+    d = replace(demand(4.0, 2000, 800), full_window=False, seen_s=1.0)
+    assert d.seen_s < MODEL.fill_seconds(d, 3)
+    policy = FluidRolePolicy(CFG, MODEL)
+    policy.observe(0.0, fleet(3, 3, 3.0, 0.3, 0.3), d)
+    f = MODEL.forecast(d, Split(3, 3), Role.DECODE, CFG.horizon_s, True, None, 3.0, None, 0.3)
+    assert repr(policy.last_forecast) == repr(f)
+    model_only = MODEL.forecast(d, Split(3, 3), Role.DECODE, CFG.horizon_s, True, None, 3.0)
+    assert f.donor_after > model_only.donor_after
+
+
+def test_a_pool_of_two_kinds_of_streams_fills_when_the_long_ones_have_run() -> None:
+    # 70 % of the outputs about 30 tokens, 30 % about 800: twice the mean ends before the long
+    # streams do. E[O^2] / E[O], the mean stream a token belongs to, does not.
+    mean = 0.7 * 30 + 0.3 * 800
+    second = 0.7 * 30**2 + 0.3 * 800**2
+    d = Demand(20.0, 1500, mean, float(MODEL.prefill.time(1500)), 1000, False, output2=second)
+    plain = replace(d, output2=0.0)
+    ratio = (MODEL.fill_seconds(d, 2) - d.prefill_s) / (MODEL.fill_seconds(plain, 2) - d.prefill_s)
+    assert math.isclose(ratio, second / mean / (2 * mean))
+    assert second / mean > 700
+    # Exponential-like lengths (E[O^2] = 2 E[O]^2) keep twice the mean.
+    expo = replace(d, output2=2 * mean**2)
+    assert math.isclose(MODEL.fill_seconds(expo, 2), MODEL.fill_seconds(plain, 2))
+
+
 def test_demand_window_keeps_running_sums() -> None:
     w = DemandWindow(MODEL.prefill, window_s=10.0)
     for i in range(200):
