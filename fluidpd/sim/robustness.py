@@ -246,9 +246,14 @@ def run_cell(
         # every request, so the cell says so instead of comparing zeros.
         out["skipped"] = f"no static split meets TTFT {slo.ttft:g} s at any rate"
         return out
-    rps, w, base = setup.rps, setup.workload, setup.base
-    out |= {
-        "rps": rps,
+    return out | {"rps": setup.rps} | score(setup.workload, setup.base)
+
+
+def score(w: Workload, base: SimConfig) -> dict[str, Any]:
+    """A cell's figures for workload ``w`` on deployment ``base``: static (``base``'s split),
+    FluidPD from it and the oracle, with FluidPD's switches (``check`` reads the bars)."""
+    slo = base.slo
+    out: dict[str, Any] = {
         "requests": len(w),
         "capped_prompts": w.capped_prompts,
         "trace_s": round(float(w.arrivals[-1]), 1),
