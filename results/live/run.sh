@@ -120,3 +120,17 @@ fluidpd evaluate --workload azure-mixed --rps 20 --num-requests 2000 --pd 4P4D \
 # Result: static 78.3 %, FluidPD 95.8 % live (+17.5 pp; simulated 78.5 / 96.5 %), 285 s.
 # The controller declined two D->P proposals, then took two (4P4D -> 6P2D, PPI 9.61).
 # FluidPD >= static - 1 pp holds on both.
+# Issue #14, session 2026-12-04 (fourth): both slices at commit 47cbffa (the policy of 8c4af39:
+# the TTFT headroom of the prompts that can make it, an unsettled decode pool read as a lower
+# bound for a decode donor, the fill time of long streams), one after the other on the quiet
+# otherwise idle machine, run with --out /tmp/live-long6 and /tmp/live-azure6 and
+# copied (admin tokens and pid files left out).
+fluidpd evaluate --workload long-chat-poisson --rps 4 --num-requests 240 --pd 4P4D \
+  --policies static,fluidpd --seed 0 --out results/live/long-chat-poisson-240-4rps-2026-12-04b
+# Result: static 97.5 %, FluidPD 99.2 % live (+1.7 pp; simulated 97.9 / 98.8 %).
+# The controller took one forecast D->P switch (PPI 0.89; up-fluidpd/controller.log).
+fluidpd evaluate --workload azure-mixed --rps 20 --num-requests 2000 --pd 4P4D \
+  --policies static,fluidpd --seed 0 --out results/live/azure-mixed-2000-20rps-2026-12-04b
+# Result: static 78.3 %, FluidPD 97.5 % live (+19.2 pp; simulated 78.5 / 96.5 %).
+# The controller declined one D->P proposal, then took two (4P4D -> 6P2D, PPI 1.64).
+# FluidPD >= static - 1 pp holds on both.
