@@ -570,6 +570,8 @@ class CapacityModel:
         gain = horizon_s * (loss_before - loss_after)
         cost = drain * max(0.0, loss_during - loss_after)
         peak, left = d.burst, split.after(source)
+        # ``donor_keeps_up``'s reading of a prefill donor; a decode donor has only its ratio.
+        donor_before, donor_busy = 0.0, math.inf
         if source is Role.DECODE:
             # A prefill pool still over capacity after the switch hands its excess to the
             # decode workers (FluidToken steals suffixes up to their TPOT budget, and queued
@@ -603,8 +605,8 @@ class CapacityModel:
             (observed_decode if source is Role.DECODE else observed_busy) is not None,
             self.loss(peak, split, scale, p_scale),
             self.loss(peak, left, scale, p_scale),
-            donor_before if source is Role.PREFILL else 0.0,
-            donor_busy if source is Role.PREFILL else math.inf,
+            donor_before,
+            donor_busy,
         )
 
 
