@@ -559,9 +559,9 @@ def _on_stop_signals(
     for sig in (signal.SIGTERM, signal.SIGINT):
         try:
             loop.add_signal_handler(sig, stop, sig)
-        except (NotImplementedError, RuntimeError, ValueError):
-            # Not the main thread, or a loop without signal support: the signal keeps its
-            # default (the replay is cancelled as before, and nothing is written).
+        except (NotImplementedError, RuntimeError):
+            # RuntimeError: not the main thread; NotImplementedError: a loop without signal
+            # support. The signal keeps its default (the replay is cancelled, nothing written).
             continue
         handled.append(sig)
     return handled

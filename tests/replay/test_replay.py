@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import socket
 import subprocess
 import sys
@@ -32,6 +33,7 @@ from fastapi.responses import JSONResponse, StreamingResponse  # noqa: E402
 from fluidpd.cli import replay_cmd  # noqa: E402
 from fluidpd.cli.errors import UserError  # noqa: E402
 from fluidpd.cli.main import _Parser  # noqa: E402
+from fluidpd.replay.client import _on_stop_signals  # noqa: E402
 from fluidpd.replay.prompts import prompt_ids  # noqa: E402
 from fluidpd.replay.results import series_path  # noqa: E402
 from fluidpd.sim.workloads import WorkloadError  # noqa: E402
@@ -441,3 +443,25 @@ def test_a_stop_signal_keeps_what_the_replay_measured(fake: FakeServer, tmp_path
     while fake.disconnected < 1 and time.monotonic() < deadline:
         time.sleep(0.02)
     assert fake.disconnected >= 1  # the stalled stream's connection was closed
+
+
+def test_stop_signals_are_taken_only_where_the_loop_can_take_them() -> None:
+    """On the main thread SIGTERM and SIGINT are routed to the stop; off it (a replay run from a
+    worker thread) none is installed and the signals keep their default, without an error."""
+
+    def install() -> list[signal.Signals]:
+        loop = asyncio.new_event_loop()
+        try:
+            handled = _on_stop_signals(loop, lambda sig: None)
+            for sig in handled:
+                loop.remove_signal_handler(sig)
+            return handled
+        finally:
+            loop.close()
+
+    assert install() == [signal.SIGTERM, signal.SIGINT]
+    off_main: list[list[signal.Signals]] = []
+    worker = threading.Thread(target=lambda: off_main.append(install()))
+    worker.start()
+    worker.join()
+    assert off_main == [[]]
