@@ -211,19 +211,36 @@ def setup_cell(
 ) -> CellSetup | None:
     """The cell at ``fraction x r_best``, on ``profile`` (default: the shipped one its model
     and GPU name); None when no split carries any rate."""
-    profile = profile or resolve_profile(cell.profile[0], cell.profile[1], None)
-    slo = SLOS[cell.slo]
+    chosen = profile or resolve_profile(cell.profile[0], cell.profile[1], None)
+    return setup_at(
+        lambda rps: thinned(cell.workload, rps, seed, chosen, size),
+        chosen,
+        SLOS[cell.slo],
+        cell.workers,
+        cell.fraction,
+        seed,
+    )
+
+
+def setup_at(
+    build: Callable[[float], Workload],
+    profile: Profile,
+    slo: SLO,
+    workers: int,
+    fraction: float,
+    seed: int,
+) -> CellSetup | None:
+    """The workload ``build(rps)`` at ``fraction x r_best`` (three significant figures) on the
+    even split of ``workers``; None when no split carries any rate."""
     model = CapacityModel.from_profile(profile, slo)
-    probe = thinned(cell.workload, 1.0, seed, profile, size)
-    r_best = best_capacity_rate(model, probe, cell.workers)
+    r_best = best_capacity_rate(model, build(1.0), workers)
     if r_best <= 0:
         return None
-    rps = float(f"{cell.fraction * r_best:.3g}")
-    w = thinned(cell.workload, rps, seed, profile, size)
-    half = cell.workers // 2
+    rps = float(f"{fraction * r_best:.3g}")
+    half = workers // 2
     # The sim command's default engine noise, so that forecasts are not trivially exact.
-    base = SimConfig(profile, slo, half, cell.workers - half, noise=SUITE_NOISE, seed=seed)
-    return CellSetup(rps, w, base)
+    base = SimConfig(profile, slo, half, workers - half, noise=SUITE_NOISE, seed=seed)
+    return CellSetup(rps, build(rps), base)
 
 
 def run_cell(

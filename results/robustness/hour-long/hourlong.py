@@ -34,10 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from fluidpd.core.policy_forecast import CapacityModel
 from fluidpd.profiles import resolve_profile
 from fluidpd.sim import robustness as rb
-from fluidpd.sim.simulator import SimConfig
 from fluidpd.sim.workloads import build_workload
 
 FRACTIONS = (0.5, 0.8, 1.0, 1.2)
@@ -119,15 +117,20 @@ def write_trace(name: str, folder: Path, seed: int = 0) -> Path:
 def cell(args: tuple[str, Path, tuple[str, str, str, int], float]) -> dict[str, Any]:
     name, path, (model, gpu, slo_name, workers), fraction = args
     profile = resolve_profile(model, gpu, None)
-    slo = rb.SLOS[slo_name]
-    probe = build_workload(str(path), 1.0, 0, profile.context_limit)
-    r_best = rb.best_capacity_rate(CapacityModel.from_profile(profile, slo), probe, workers)
-    rps = float(f"{fraction * r_best:.3g}")
-    w = replace(build_workload(str(path), rps, 0, profile.context_limit), name=name)
-    half = workers // 2
-    base = SimConfig(profile, slo, half, workers - half, noise=rb.SUITE_NOISE, seed=0)
-    row = {"workload": name, "model": model, "gpu": gpu, "slo": slo_name, "workers": workers}
-    row |= {"fraction": fraction, "rps": rps} | rb.score(w, base)
+    row: dict[str, Any] = {"workload": name, "model": model, "gpu": gpu, "slo": slo_name}
+    row |= {"workers": workers, "fraction": fraction}
+    setup = rb.setup_at(
+        lambda rps: replace(build_workload(str(path), rps, 0, profile.context_limit), name=name),
+        profile,
+        rb.SLOS[slo_name],
+        workers,
+        fraction,
+        0,
+    )
+    if setup is None:
+        row["skipped"] = "no static split meets TTFT at any rate"
+        return row
+    row |= {"rps": setup.rps} | rb.score(setup.workload, setup.base)
     row["misses"] = rb.check(row)
     return row
 
@@ -138,6 +141,9 @@ def main(out: str, folder: Path) -> None:
     with ProcessPoolExecutor(2) as pool, open(out, "w") as f:
         for row in pool.map(cell, work):
             f.write(json.dumps(row) + "\n")
+            if "skipped" in row:
+                print(f"{row['workload']:<14} {row['model']}/{row['gpu']}: {row['skipped']}")
+                continue
             print(
                 f"{row['workload']:<14} {row['model']}/{row['gpu']:<10} {row['slo']:<7}"
                 f" {row['workers']}w {row['fraction']:>4g}x {row['rps']:>7g} req/s"
