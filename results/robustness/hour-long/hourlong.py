@@ -136,9 +136,13 @@ def cell(args: tuple[str, Path, tuple[str, str, str, int], float]) -> dict[str, 
 
 
 def main(out: str, folder: Path) -> None:
+    try:
+        f = open(out, "w")  # noqa: SIM115 (closed by the with below)
+    except OSError as exc:
+        sys.exit(f"hourlong.py: cannot write OUT.jsonl {out}: {exc.strerror}")
     paths = {name: write_trace(name, folder) for name in TRACES}
     work = [(n, p, d, x) for n, p in paths.items() for d in DEPLOYMENTS for x in FRACTIONS]
-    with ProcessPoolExecutor(2) as pool, open(out, "w") as f:
+    with ProcessPoolExecutor(2) as pool, f:
         for row in pool.map(cell, work):
             f.write(json.dumps(row) + "\n")
             if "skipped" in row:
