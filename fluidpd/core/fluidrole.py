@@ -283,6 +283,8 @@ class FluidRolePolicy:
     _cooldown_until: float = float("-inf")
     _last_switch_end: float = float("-inf")
     _last_direction: Recommendation = Recommendation.NONE
+    #: The demand the last switch was decided on (None under the paper's rule).
+    _switch_demand: Demand | None = None
     _switching: str | None = None
     last_pressure: PoolPressure = PoolPressure(0.0, 0.0, 0.0)
     last_recommendation: Recommendation = Recommendation.NONE
@@ -351,11 +353,14 @@ class FluidRolePolicy:
         predictive = self._predictive(demand)
         undo = self._verify(now, pressure, workers, demand if predictive else None)
         if undo is not None:
+            self._switch_demand = demand if predictive else None
             return undo
         rec = recommend(pressure, self.cfg)
-        if predictive and rec is Recommendation.NONE:
+        if predictive and rec in (Recommendation.NONE, Recommendation.NEEDS_CAPACITY):
             assert demand is not None
-            rec = self._proposal(now, pressure, demand)
+            proposed = self._proposal(now, pressure, demand, rec is Recommendation.NONE)
+            if proposed is not Recommendation.NONE:
+                rec = proposed
         self.last_recommendation = rec
         self._streak = self._streak + 1 if rec is self._last else 1
         self._last = rec
@@ -367,7 +372,7 @@ class FluidRolePolicy:
             return Recommendation.NONE
         if any(w.state is not RoleState.ACTIVE for w in workers):
             return Recommendation.NONE
-        if self._stabilizing(rec, pressure, now):
+        if self._stabilizing(rec, pressure, now, demand if predictive else None):
             return Recommendation.NONE
         if now < self._frozen_until.get(rec, float("-inf")) or not self._budget_left(now):
             return Recommendation.NONE
@@ -387,6 +392,8 @@ class FluidRolePolicy:
                 self.refused += 1
                 return Recommendation.NONE
         decision = self._commit(now, workers, source, rec, pressure, forecast)
+        if decision is not None:
+            self._switch_demand = demand if predictive else None
         if decision is not None and forecast is not None:
             self._check, self._watch = _Check(source, rec, math.inf), None
         return decision or Recommendation.NONE
@@ -449,12 +456,22 @@ class FluidRolePolicy:
             return None
         return max(values[-1], sum(values) / len(values))
 
-    def _proposal(self, now: float, p: PoolPressure, demand: Demand) -> Recommendation:
-        """What the forecast itself proposes when eqs. (22)-(23) propose nothing: the switch
+    def _proposal(
+        self, now: float, p: PoolPressure, demand: Demand, decode_may_give: bool = True
+    ) -> Recommendation:
+        """What the forecast itself proposes when eqs. (22)-(23) propose no switch: the switch
         whose forecast clearly wins (the larger net gain if both do). The paper's thresholds
         only see a queue already past its deadlines or KV already committed; a split within
         capacity that still misses a share of its deadlines (a prefill queue of widely spread
-        long prompts at PPI-bar 0.5) is seen only by the forecast."""
+        long prompts at PPI-bar 0.5) is seen only by the forecast.
+
+        Where they read both phases as pressured (``NEEDS_CAPACITY``), the decode pool has
+        failed eq. (22)'s test of whether it can spare a worker, so only P->D is asked
+        (``decode_may_give`` False). PPI-bar past the deadlines there need not mean the
+        prefill workers are short: prompts wait for decode KV reserved at dispatch. A
+        long-chat deployment (Qwen3-30B-A3B/A100, 4P4D, 1 s TTFT) sat there for two minutes
+        with its prefill workers busy half of the time and the decode queue growing, and
+        never asked the forecast (static 25.8 %, FluidPD 25.8 %, 3P5D 45.5 %)."""
         if not demand.reliable:
             return Recommendation.NONE
         best, best_net = Recommendation.NONE, 0.0
@@ -462,7 +479,7 @@ class FluidRolePolicy:
             (Role.DECODE, Recommendation.D_TO_P, self.cfg.min_decode, p.n_decode),
             (Role.PREFILL, Recommendation.P_TO_D, self.cfg.min_prefill, p.n_prefill),
         ):
-            if pool <= keep:
+            if pool <= keep or (source is Role.DECODE and not decode_may_give):
                 continue
             f = self._forecast(now, p, demand, source)
             if self._worth(f, p, source) and f.gain - f.cost > best_net:
@@ -580,18 +597,45 @@ class FluidRolePolicy:
         saturated while the donor is not."""
         return clearly_worth(f, self.cfg.gain_margin, donor_starved(source.other, p, self.cfg))
 
-    def _stabilizing(self, rec: Recommendation, p: PoolPressure, now: float) -> bool:
-        """Whether ``rec`` reverses the last switch inside the reversal cooldown."""
+    def _stabilizing(
+        self, rec: Recommendation, p: PoolPressure, now: float, demand: Demand | None = None
+    ) -> bool:
+        """Whether ``rec`` reverses the last switch inside the reversal cooldown.
+
+        Within the forecast's horizon after the switch its forecast is on trial: the phase
+        it took the worker from, observed saturated while the other is not, under a load no
+        heavier than the forecast checked it at (``_within_forecast``), refutes it and lets
+        the reversal through. A P->D switch left the one prefill worker of long chats
+        saturated 56 s later (held-out 8B/H200 profile, 4 workers); waiting out the
+        cooldown cost 8.5 pp more (-14.9 pp against static).
+
+        Otherwise the saturation is the load's doing, and the reversal waits out the cooldown,
+        as ``_watch_donor``'s undo does. A P->D switch for azure-staged's conversations was
+        reversed 87 s later when the code window's long prompts came, and waiting paid
+        (Qwen3-30B-A3B/A100, 4 workers: 57.6 against 45.4 %); a burst of long chats 212 s
+        after a D->P switch reversed it at a gain (41.0 against 35.0 %, long-chat-bursty,
+        Llama-3.1-8B/A100) that the robustness suite's bar counts as flapping all the same."""
         if self._last_direction in (Recommendation.NONE, rec):
             return False
         if now >= self._last_switch_end + self.cfg.reversal_cooldown_s:
             return False
-        # A saturated phase lets the reversal through only if the other one is not (the same
-        # test as a refuted switch's, ``donor_starved``). Without it azure-staged at 30 req/s
-        # (full size) waits out the cooldown with its decode pool full when the second
-        # conversation window starts: 99.8 -> 88.8 %.
+        if now >= self._last_switch_end + self.cfg.horizon_s:
+            return True
         donor = Role.DECODE if rec is Recommendation.D_TO_P else Role.PREFILL
-        return not donor_starved(donor.other, p, self.cfg)
+        refuted = donor_starved(donor.other, p, self.cfg)
+        return not (refuted and self._within_forecast(demand, donor.other))
+
+    def _within_forecast(self, demand: Demand | None, phase: Role) -> bool:
+        """Whether ``phase``'s load now, at the lower bound of its rate, is within what the
+        last switch's forecast checked it at (the recent peak rate then); True when either
+        demand is unknown (the paper's rule)."""
+        then = self._switch_demand
+        if demand is None or then is None:
+            return True
+        now, checked = demand.low, then.burst
+        if phase is Role.PREFILL:
+            return now.rate * now.prefill_s <= checked.rate * checked.prefill_s
+        return now.rate * max(now.output, 1.0) <= checked.rate * max(checked.output, 1.0)
 
     def pick_candidate(
         self, workers: Sequence[WorkerSignals], source: Role

@@ -224,6 +224,8 @@ class Forecast:
     #: fraction there after it (0 and inf for a decode donor; see ``donor_keeps_up``).
     donor_before: float = 0.0
     donor_busy_after: float = math.inf
+    #: Arrivals over the horizon at the recent peak rate (what ``peak_loss_*`` are shares of).
+    peak_arrivals: float = 0.0
 
     @property
     def saved(self) -> float:
@@ -238,6 +240,24 @@ class Forecast:
         """The Poisson standard deviation of the misses the kept split would see over the
         horizon, ``sqrt(loss_before * arrivals)``: a saving inside it is no evidence."""
         return math.sqrt(max(0.0, self.loss_before) * self.arrivals)
+
+    @property
+    def loses_at_peak(self) -> bool:
+        """Whether the switch loses requests at the recent peak rate beyond the Poisson noise
+        of the misses there (``sqrt(peak_loss_before * peak_arrivals)``).
+
+        A strict comparison refused switches whose loss there was a request or two (a
+        second D->P switch of long chats on 8B/H200, 8 workers: 0.0343 against 0.0353 of
+        1,496 arrivals at the peak, 1.5 requests against a standard deviation of 7.2; taken,
+        92.8 against 92.1 %). Without the peak's arrivals (0) any loss there counts."""
+        lost = self.peak_loss_after - self.peak_loss_before
+        if lost <= 0:
+            return False
+        if self.peak_arrivals <= 0:
+            return True
+        return lost * self.peak_arrivals > math.sqrt(
+            max(0.0, self.peak_loss_before) * self.peak_arrivals
+        )
 
 
 def excess(ratio: float) -> float:
@@ -303,6 +323,62 @@ def combined_miss(*misses: float) -> float:
     for m in misses:
         kept *= 1.0 - min(1.0, max(0.0, m))
     return 1.0 - kept
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeLoad:
+    """One decode worker's share of a demand, in the terms of eq. (13): ``tokens_per_s`` to
+    stream, an iteration of ``n`` streams taking ``t(n) = per_request n + a_0`` seconds,
+    at most ``n_tpot`` streams within the TPOT target and ``slots`` requests' KV, of which
+    ``reserved`` are held by requests not yet decoding (queued and prefilling)."""
+
+    tokens_per_s: float
+    per_request: float
+    a_0: float
+    n_tpot: float
+    slots: float
+    reserved: float
+
+    @property
+    def concurrency(self) -> float:
+        """Streams decoding at once (Little's law: ``n`` streams deliver ``n / t(n)`` tokens
+        per second); inf when no batch size streams the tokens asked for."""
+        if self.tokens_per_s * self.per_request >= 1.0:
+            return math.inf
+        return self.tokens_per_s * self.a_0 / (1.0 - self.tokens_per_s * self.per_request)
+
+    @property
+    def held(self) -> float:
+        """Requests holding KV: the streams and the reservations."""
+        return self.concurrency + self.reserved
+
+    @property
+    def demand_ratio(self) -> float:
+        """max(concurrency / N_TPOT, held / slots): the streams and KV asked for against what
+        the worker holds (inf past the rate at which the streams grow without bound)."""
+        if self.n_tpot <= 0:
+            return math.inf
+        return max(self.concurrency / self.n_tpot, self.held / self.slots)
+
+    @property
+    def throughput_ratio(self) -> float:
+        """Tokens per second asked over the most the worker delivers within the SLO,
+        ``m / t(m)`` for the largest batch ``m`` that both N_TPOT and the KV the
+        reservations leave allow; inf where they leave no batch.
+
+        ``n / t(n)`` grows with ``n``, so the concurrency is at most ``m`` exactly where
+        this ratio is at most 1: it passes 1 at the same rate as the concurrency and KV
+        terms of ``CapacityModel.decode_ratio``. Past it those grow without bound as the
+        rate nears ``1 / per_request`` tokens per second and are infinite beyond, where
+        every split short of that rate reads the same: a decode pool past capacity at 4P4D
+        and at 3P5D alike gave P->D no gain, though 2P6D carried the load (azure-staged,
+        Qwen3-30B-A3B/A100, 8 workers at 1.2 x r_best: static 29.5 %, FluidPD 29.0 %).
+        This ratio is finite, falls with each decode worker added, and ``unserved`` of it
+        is the share of the tokens the worker cannot serve."""
+        batch = min(self.n_tpot, self.slots - self.reserved)
+        if batch <= 0:
+            return math.inf
+        return self.tokens_per_s * (self.per_request + self.a_0 / batch)
 
 
 @dataclass(frozen=True, slots=True)
@@ -375,28 +451,22 @@ class CapacityModel:
         residual = self._residual(d, n_prefill)
         return min(budget, busy * residual / (2.0 * (1.0 - busy)))
 
-    def _decode_load(
-        self, d: Demand, n_decode: int, queued_s: float = 0.0
-    ) -> tuple[float, float, float, float]:
-        """(concurrent streams, N_TPOT, requests holding KV, requests the KV holds) per decode
-        worker; the concurrency is inf when no batch size streams the tokens asked for.
+    def decode_load(self, d: Demand, n_decode: int, queued_s: float = 0.0) -> DecodeLoad:
+        """One decode worker's share of the demand (``DecodeLoad``).
 
         KV is reserved when a request is dispatched, before its prefill starts (as SGLang
         does), so a request holds it while it waits in the prefill queue (``queued_s``, see
         ``prefill_wait``), while its prefill runs and while it decodes."""
-        tokens_per_s = d.rate * max(d.output, 1.0) / n_decode
         ctx = d.prompt + d.output / 2.0
-        per_request = self.decode.a_c * ctx + self.decode.a_n
-        n_tpot = float(min(self.max_running, self.decode.max_batch(self.slo.tpot, ctx)))
         commit = kv_commitment(d.prompt, d.output, self.reserve_output_clip)
-        slots = self.kv_capacity / commit if commit > 0 else math.inf
-        if tokens_per_s * per_request >= 1.0:
-            return math.inf, n_tpot, math.inf, slots
-        # Little's law: n concurrent streams at t(n) = per_request * n + a_0 seconds per
-        # iteration deliver n / t(n) tokens per second.
-        concurrency = tokens_per_s * self.decode.a_0 / (1.0 - tokens_per_s * per_request)
-        held = concurrency + d.rate / n_decode * (queued_s + d.prefill_s)
-        return concurrency, n_tpot, held, slots
+        return DecodeLoad(
+            tokens_per_s=d.rate * max(d.output, 1.0) / n_decode,
+            per_request=self.decode.a_c * ctx + self.decode.a_n,
+            a_0=self.decode.a_0,
+            n_tpot=float(min(self.max_running, self.decode.max_batch(self.slo.tpot, ctx))),
+            slots=self.kv_capacity / commit if commit > 0 else math.inf,
+            reserved=d.rate / n_decode * (queued_s + d.prefill_s),
+        )
 
     def waiting_kv(self, d: Demand, waiting: float) -> float:
         """The KV ``waiting`` requests would commit (prompt + clipped output each, at the
@@ -405,16 +475,38 @@ class CapacityModel:
         return waiting * commit / self.kv_capacity if self.kv_capacity > 0 else math.inf
 
     def decode_ratio(self, d: Demand, n_decode: int, queued_s: float = 0.0) -> float:
-        """max(concurrency / N_TPOT, committed KV / capacity) for ``n_decode`` workers."""
+        """max(concurrency / N_TPOT, committed KV / capacity) for ``n_decode`` workers within
+        capacity; past it, the tokens asked for over the tokens the pool delivers
+        (``DecodeLoad.throughput_ratio``)."""
         if d.rate <= 0:
             return 0.0
         if n_decode <= 0:
             return math.inf
-        concurrency, n_tpot, held, slots = self._decode_load(d, n_decode, queued_s)
-        if not math.isfinite(concurrency):
+        load = self.decode_load(d, n_decode, queued_s)
+        past = load.throughput_ratio
+        if 1.0 < past < math.inf:
+            return past
+        # Within capacity, or requests not yet decoding hold all of the KV (their wait is the
+        # prefill queue's): the streams and KV asked for.
+        return load.demand_ratio
+
+    def decode_demand_ratio(self, d: Demand, n_decode: int, queued_s: float = 0.0) -> float:
+        """max(concurrency / N_TPOT, committed KV / capacity) for ``n_decode`` workers at any
+        load: what the demand asks a worker to hold against what it holds, infinite past
+        the rate at which eq. (13)'s streams grow without bound. ``decode_ratio`` within
+        capacity; past it, the measure a decode donor is checked by.
+
+        Past capacity a KV-bound pool falls behind by its throughput ratio (``decode_ratio``)
+        but its queue grows, and every request waits: the streams' share of the KV it would
+        need says how far it is from keeping up, where the share of tokens it cannot serve
+        says too little. Checked by its throughput ratio, 3P1D's one decode worker of long
+        chats (8B/H200) read 1.14 at the peak against 2.6 here, a calibration of 0.84 took
+        it under 1, and the switch left it saturated (61.4 % against 85.1 %)."""
+        if d.rate <= 0:
+            return 0.0
+        if n_decode <= 0:
             return math.inf
-        compute = concurrency / n_tpot if n_tpot > 0 else math.inf
-        return max(compute, held / slots)
+        return self.decode_load(d, n_decode, queued_s).demand_ratio
 
     def decode_miss(
         self, d: Demand, n_decode: int, scale: float = 1.0, queued_s: float = 0.0
@@ -425,8 +517,11 @@ class CapacityModel:
             return 0.0
         if n_decode <= 0:
             return 1.0
-        concurrency, n_tpot, held, slots = self._decode_load(d, n_decode, queued_s)
-        return max(poisson_tail(scale * concurrency, n_tpot), poisson_tail(scale * held, slots))
+        load = self.decode_load(d, n_decode, queued_s)
+        return max(
+            poisson_tail(scale * load.concurrency, load.n_tpot),
+            poisson_tail(scale * load.held, load.slots),
+        )
 
     def queue_miss(self, d: Demand, busy: float, n_prefill: int = 1) -> float:
         """Fraction of prompts that miss TTFT in the queue of one of ``n_prefill`` prefill
@@ -494,7 +589,7 @@ class CapacityModel:
         later (41.9 % against static 45.9 %)."""
         if d.rate <= 0 or n_decode <= 0:
             return math.inf
-        concurrency = self._decode_load(d, n_decode)[0]
+        concurrency = self.decode_load(d, n_decode).concurrency
         if not math.isfinite(concurrency):
             return math.inf
         ctx = d.prompt + d.output / 2.0
@@ -582,7 +677,7 @@ class CapacityModel:
             if observed_decode is None and p_scale * self.prefill_ratio(peak, left.n_prefill) >= 1:
                 bound = MAX_SCALE
             queued = self.prefill_wait(peak, left.n_prefill, p_scale)
-            donor = bound * self.decode_ratio(peak, left.n_decode, queued)
+            donor = bound * self.decode_demand_ratio(peak, left.n_decode, queued)
         else:
             donor = p_scale * self.prefill_ratio(peak, left.n_prefill)
             donor_before = p_scale * self.prefill_ratio(peak, split.n_prefill)
@@ -607,6 +702,7 @@ class CapacityModel:
             self.loss(peak, left, scale, p_scale),
             donor_before,
             donor_busy,
+            peak.rate * horizon_s,
         )
 
 
@@ -785,16 +881,16 @@ def clearly_worth(f: Forecast, margin: float, receiver_starved: bool = False) ->
     cost), the bottleneck falls by at least ``margin`` of its value (a gain inside the
     forecast's own error is no reason to pay a drain), and the donor phase keeps within its
     SLO capacity at the recent peak rate (``donor_after < 1``) and the switch loses nothing
-    there (``peak_loss_after <= peak_loss_before``: the gain is counted at the rate's lower
-    bound, where a donor left near its capacity costs nothing yet; 5P3D -> 6P2D on 9K-token
-    chats gained 2 % of the requests there and left the two decode workers at 0.96 of their
-    KV at the peak, where the split lost more than it kept; when the rate then rose by a
-    tenth, 6P2D missed most requests: 79.2 % static, 69.9 % FluidPD, 96.5 % with this
-    check). The donor check is what predicts across a reversal: a switch that overloads its
-    donor gains only while the receiving phase is the worse one, and is reversed (within the
-    reversal cooldown, paying a second drain) as soon as the load shifts back; the
-    predictors compare the two phases' overloads too roughly to trade one for the other on
-    the model's word alone.
+    there beyond the noise of the misses (``Forecast.loses_at_peak``: the gain is counted at
+    the rate's lower bound, where a donor left near its capacity costs nothing yet; 5P3D ->
+    6P2D on 9K-token chats gained 2 % of the requests there and left the two decode
+    workers at 0.96 of their KV at the peak, where the split lost more than it kept; when
+    the rate then rose by a tenth, 6P2D missed most requests: 79.2 % static, 69.9 %
+    FluidPD, 96.5 % with this check). The donor check is what predicts across a reversal: a
+    switch that overloads its donor gains only while the receiving phase is the worse one,
+    and is reversed (after the reversal cooldown, paying a second drain) as soon as the
+    load shifts back; the predictors compare the two phases' overloads too roughly to trade
+    one for the other on the model's word alone.
 
     The one exception needs the observation's word too (``receiver_starved``: the phase that
     would get the worker is observed saturated and the donor is not): ``overload_traded``."""
@@ -806,7 +902,7 @@ def clearly_worth(f: Forecast, margin: float, receiver_starved: bool = False) ->
         and f.loss_after <= f.loss_before * (1 - margin)
         and f.saved >= max(1.0, f.noise)
         and (
-            (donor_keeps_up(f) and f.peak_loss_after <= f.peak_loss_before)
+            (donor_keeps_up(f) and not f.loses_at_peak)
             or (receiver_starved and overload_traded(f, margin))
         )
     )

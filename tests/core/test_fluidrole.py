@@ -392,3 +392,26 @@ def test_reversal_allowed_when_the_helped_phase_is_saturated() -> None:
     assert pol2.observe(12.0, hot) is Recommendation.NONE
     burning = [psig("p0", ppi=3.0)] + [dsig(f"d{i}", load=0.1) for i in range(4)]
     assert isinstance(pol2.observe(13.0, burning), SwitchDecision)
+
+
+def test_past_the_horizon_a_saturated_phase_waits_out_the_reversal_cooldown() -> None:
+    # The forecast speaks for horizon_s: a saturation after it is the load's doing, and the
+    # reversal waits for the reversal cooldown.
+    cfg = FluidRoleConfig(
+        n_persist=1,
+        window_s=1.0,
+        interval_s=1.0,
+        cooldown_s=2.0,
+        reversal_cooldown_s=100.0,
+        horizon_s=20.0,
+    )
+    pol = FluidRolePolicy(cfg)
+    d = pol.observe(0.0, hot_prefill(4))
+    assert isinstance(d, SwitchDecision)
+    pol.switch_finished(d.worker, 10.0)
+    full = [psig(f"p{i}", ppi=0.1) for i in range(3)] + [dsig("d0", adm=0.96)]
+    for t in (30.0, 31.0, 60.0, 109.9):
+        assert pol.observe(t, full) is Recommendation.NONE
+    assert pol.last_recommendation is Recommendation.P_TO_D
+    rev = pol.observe(110.0, full)
+    assert isinstance(rev, SwitchDecision) and rev.target is Role.DECODE

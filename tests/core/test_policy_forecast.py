@@ -15,6 +15,7 @@ from fluidpd.core.fluidrole import (
     FluidRoleConfig,
     FluidRolePolicy,
     PoolPressure,
+    Recommendation,
     SwitchDecision,
     SwitchRule,
     WorkerSignals,
@@ -794,3 +795,121 @@ def test_prompts_dealt_in_turn_wait_less_than_one_queue_of_the_whole_stream() ->
     assert MODEL.queue_miss(d, 0.8, 5) < MODEL.queue_miss(d, 0.8, 1)
     assert whole.queue_miss(d, 0.8, 5) == whole.queue_miss(d, 0.8, 1) == MODEL.queue_miss(d, 0.8)
     assert MODEL.prefill_ratio(d, 5) < whole.prefill_ratio(d, 5)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    rate=st.floats(0.5, 200.0),
+    prompt=st.floats(50.0, 16000.0),
+    output=st.floats(1.0, 2000.0),
+)
+def test_the_decode_ratio_is_finite_and_falls_with_each_decode_worker(
+    rate: float, prompt: float, output: float
+) -> None:
+    # Past its throughput a pool's ratio is the tokens asked over the tokens it delivers:
+    # finite wherever the requests not yet decoding leave it some KV, so that splits that
+    # are all past capacity keep their order.
+    d = demand(rate, prompt, output)
+    loads = [MODEL.decode_load(d, n) for n in range(1, 9)]
+    ratios = [MODEL.decode_ratio(d, n) for n in range(1, 9)]
+    kv_left = [load.reserved < load.slots for load in loads]
+    for left, r in zip(kv_left, ratios, strict=True):
+        assert math.isfinite(r) or not left
+    pairs = zip(ratios, ratios[1:], kv_left, kv_left[1:], strict=False)
+    assert all(a >= b for a, b, left_a, left_b in pairs if left_a and left_b)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    rate=st.floats(0.5, 200.0),
+    prompt=st.floats(50.0, 16000.0),
+    output=st.floats(1.0, 2000.0),
+    n_d=st.integers(1, 8),
+    queued=st.floats(0.0, 2.0),
+)
+def test_the_decode_ratio_passes_1_where_streams_outgrow_the_batch_or_the_kv(
+    rate: float, prompt: float, output: float, n_d: int, queued: float
+) -> None:
+    # Within capacity the ratio is the concurrency and KV terms of eq. (13)'s load; the
+    # throughput ratio takes over exactly where they pass 1 (unless reservations alone fill
+    # the KV, where no batch is left to measure a throughput by).
+    d = demand(rate, prompt, output)
+    load = MODEL.decode_load(d, n_d, queued)
+    within = load.concurrency <= load.n_tpot and load.held <= load.slots
+    ratio = MODEL.decode_ratio(d, n_d, queued)
+    assert (ratio <= 1.0 + 1e-9) == within or math.isclose(ratio, 1.0, rel_tol=1e-6)
+    if not within and math.isfinite(load.throughput_ratio):
+        assert ratio == load.throughput_ratio
+    else:
+        # Within capacity, or the requests not yet decoding hold all of the KV.
+        assert ratio == load.demand_ratio
+
+
+def test_a_decode_pool_past_its_throughput_gains_from_another_worker() -> None:
+    # 40 req/s of 1,000-token outputs: two and three decode workers are both past the rate
+    # at which eq. (13)'s streams grow without bound. Read as infinite, 6P2D and 5P3D lost
+    # the same (2.0) and P->D had no gain; the throughput ratio orders them.
+    d = demand(40.0, 200, 1000)
+    assert math.isinf(MODEL.decode_load(d, 3).concurrency)
+    assert MODEL.decode_ratio(d, 2) > MODEL.decode_ratio(d, 3) > 1.0
+    f = MODEL.forecast(d, Split(6, 2), Role.PREFILL, 120.0, True)
+    assert f.loss_after < f.loss_before < 2.0
+    assert clearly_worth(f, 0.1)
+
+
+def test_a_loss_at_the_peak_inside_its_noise_is_no_reason_to_refuse() -> None:
+    gains = Forecast(0.5, 0.4, 0.5, 1.0, 12.0, 0.0, 0.5, 0.2, 0.1, 0.2, 1000.0)
+    # Both splits past capacity at the peak, 0.001 apart over 230 arrivals: a fifth of a
+    # request against a standard deviation of 21 missed anyway.
+    near = replace(gains, peak_loss_before=1.864, peak_loss_after=1.865, peak_arrivals=230.0)
+    assert not near.loses_at_peak and clearly_worth(near, 0.1)
+    # 0.05 of 1,000 arrivals is 50 requests against a standard deviation of 17: refused.
+    far = replace(gains, peak_loss_before=0.3, peak_loss_after=0.35, peak_arrivals=1000.0)
+    assert far.loses_at_peak and not clearly_worth(far, 0.1)
+    # Without the peak's arrivals any loss there refuses.
+    assert replace(near, peak_arrivals=0.0).loses_at_peak
+
+
+def test_a_forecast_that_wins_is_taken_where_both_phases_read_pressured() -> None:
+    # PPI-bar past the deadlines and the decode pool full: eqs. (22)-(23) read both phases
+    # as pressured (needs capacity), but the prefill workers are busy 30 % of the time: the
+    # prompts wait for decode KV. The forecast's P->D wins, and is taken.
+    policy = FluidRolePolicy(CFG, MODEL)
+    d = demand(40.0, 200, 1000)
+    pressured = [
+        replace(w, busy=0.3) if w.role is Role.PREFILL else w for w in fleet(6, 2, 3.0, 0.9, 0.99)
+    ]
+    decision = policy.observe(0.0, pressured, d)
+    assert isinstance(decision, SwitchDecision)
+    assert (decision.source, decision.target) == (Role.PREFILL, Role.DECODE)
+    # The paper's rule has no forecast: it only reports that capacity is needed.
+    paper = FluidRolePolicy(replace(CFG, switch_rule=SwitchRule.PAPER), MODEL)
+    assert paper.observe(0.0, pressured, d) is Recommendation.NEEDS_CAPACITY
+
+
+def test_a_reversal_inside_the_cooldown_needs_a_load_the_forecast_checked() -> None:
+    # A P->D switch for 5 req/s of 4K-token prompts; 4 s after it the three prefill workers
+    # are saturated while decode idles. Under the same demand that refutes the switch's
+    # forecast, and the reversal goes through inside the reversal cooldown. At 6 req/s even
+    # the rate's lower bound (5.6) is past the peak the switch was checked at (5.3): the
+    # saturation is the load's doing, and the reversal waits for the cooldown (which alone
+    # holds it back: without the cooldown it is taken).
+    d = demand(5.0, 4000, 600)
+    starved = [
+        replace(w, busy=0.97) if w.role is Role.PREFILL else w for w in fleet(3, 3, 3.0, 0.2, 0.2)
+    ]
+
+    def switched(cfg: FluidRoleConfig) -> FluidRolePolicy:
+        policy = FluidRolePolicy(cfg, MODEL)
+        first = policy.observe(0.0, fleet(4, 2, 0.1, 0.9, 0.99), d)
+        assert isinstance(first, SwitchDecision) and first.source is Role.PREFILL
+        policy.switch_finished(first.worker, 1.0)
+        return policy
+
+    back = switched(CFG).observe(5.0, starved, d)
+    assert isinstance(back, SwitchDecision) and back.source is Role.DECODE
+    heavier = demand(6.0, 4000, 600)
+    assert heavier.low.rate > d.burst.rate
+    assert switched(CFG).observe(5.0, starved, heavier) is Recommendation.NONE
+    no_cooldown = replace(CFG, reversal_cooldown_s=0.0)
+    assert isinstance(switched(no_cooldown).observe(5.0, starved, heavier), SwitchDecision)

@@ -66,7 +66,9 @@ def logged(
         observed = max(p.dpi_load_bar, p.dpi_adm_bar)
         bound = demand.burst
         at_rate = m.decode_ratio(demand, left.n_decode, m.prefill_wait(demand, left.n_prefill, ps))
-        at_bound = m.decode_ratio(bound, left.n_decode, m.prefill_wait(bound, left.n_prefill, ps))
+        # The donor is checked by the streams and KV the demand asks for (``decode_demand_ratio``).
+        queued = m.prefill_wait(bound, left.n_prefill, ps)
+        at_bound = m.decode_demand_ratio(bound, left.n_decode, queued)
         print(
             f"        observed={observed:.2f} model_now={now_ratio:.2f}"
             f" scale_if_calibrated={decode_scale(now_ratio, observed):.2f}"
