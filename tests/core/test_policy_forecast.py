@@ -887,17 +887,17 @@ def test_a_forecast_that_wins_is_taken_where_both_phases_read_pressured() -> Non
     assert paper.observe(0.0, pressured, d) is Recommendation.NEEDS_CAPACITY
 
 
-def test_a_reversal_inside_the_cooldown_needs_a_load_the_forecast_checked() -> None:
+def test_a_reversal_inside_the_cooldown_refutes_a_forecast_or_keeps_its_donor_up() -> None:
     # A P->D switch for 5 req/s of 4K-token prompts; 4 s after it the three prefill workers
     # are saturated while decode idles. Under the same demand that refutes the switch's
-    # forecast, and the reversal goes through inside the reversal cooldown. At 6 req/s even
-    # the rate's lower bound (5.6) is past the peak the switch was checked at (5.3): the
-    # saturation is the load's doing, and the reversal waits for the cooldown (which alone
-    # holds it back: without the cooldown it is taken).
+    # forecast, and the reversal goes through inside the reversal cooldown.
     d = demand(5.0, 4000, 600)
-    starved = [
-        replace(w, busy=0.97) if w.role is Role.PREFILL else w for w in fleet(3, 3, 3.0, 0.2, 0.2)
-    ]
+
+    def starved(adm: float) -> list[WorkerSignals]:
+        return [
+            replace(w, busy=0.97) if w.role is Role.PREFILL else w
+            for w in fleet(3, 3, 3.0, adm, adm)
+        ]
 
     def switched(cfg: FluidRoleConfig) -> FluidRolePolicy:
         policy = FluidRolePolicy(cfg, MODEL)
@@ -906,10 +906,20 @@ def test_a_reversal_inside_the_cooldown_needs_a_load_the_forecast_checked() -> N
         policy.switch_finished(first.worker, 1.0)
         return policy
 
-    back = switched(CFG).observe(5.0, starved, d)
+    back = switched(CFG).observe(5.0, starved(0.2), d)
     assert isinstance(back, SwitchDecision) and back.source is Role.DECODE
+    # At 6 req/s even the rate's lower bound (5.6) is past the peak the switch was checked
+    # at (5.3): the load has changed, and the reversal goes only because its forecast wins
+    # with the decode pool it takes a worker from keeping up.
     heavier = demand(6.0, 4000, 600)
     assert heavier.low.rate > d.burst.rate
-    assert switched(CFG).observe(5.0, starved, heavier) is Recommendation.NONE
+    later = switched(CFG).observe(5.0, starved(0.2), heavier)
+    assert isinstance(later, SwitchDecision) and later.forecast is not None
+    assert donor_keeps_up(later.forecast) and clearly_worth(later.forecast, CFG.gain_margin)
+    # Prefill workers behind their deadlines but busy 89 % of the time are not saturated:
+    # nothing goes through inside the cooldown, though without it the forecast takes the
+    # reversal.
+    behind = [replace(w, busy=0.89) if w.role is Role.PREFILL else w for w in starved(0.2)]
+    assert switched(CFG).observe(5.0, behind, d) is Recommendation.NONE
     no_cooldown = replace(CFG, reversal_cooldown_s=0.0)
-    assert isinstance(switched(no_cooldown).observe(5.0, starved, heavier), SwitchDecision)
+    assert isinstance(switched(no_cooldown).observe(5.0, behind, d), SwitchDecision)
