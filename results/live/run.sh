@@ -134,3 +134,17 @@ fluidpd evaluate --workload azure-mixed --rps 20 --num-requests 2000 --pd 4P4D \
 # Result: static 78.3 %, FluidPD 97.5 % live (+19.2 pp; simulated 78.5 / 96.5 %).
 # The controller declined one D->P proposal, then took two (4P4D -> 6P2D, PPI 1.64).
 # FluidPD >= static - 1 pp holds on both.
+
+# Both slices again at 58a4c3b (the rule of 3d78f0c: the decode ratio past capacity, NEEDS_CAPACITY
+# asking the forecast for P->D, the peak loss within its noise, the reversal gate), one after the
+# other on the quiet otherwise idle machine (load 0.4-2), run with --out /tmp/live-long7 and
+# /tmp/live-azure7 and copied (admin tokens and pid files left out).
+fluidpd evaluate --workload long-chat-poisson --rps 4 --num-requests 240 --pd 4P4D \
+  --policies static,fluidpd --seed 0 --out results/live/long-chat-poisson-240-4rps-2026-12-04c
+# Result: static 97.5 %, FluidPD 99.2 % live (+1.7 pp; simulated 97.9 / 98.8 %).
+# The controller took one forecast D->P switch (PPI 0.88; up-fluidpd/controller.log).
+fluidpd evaluate --workload azure-mixed --rps 20 --num-requests 2000 --pd 4P4D \
+  --policies static,fluidpd --seed 0 --out results/live/azure-mixed-2000-20rps-2026-12-04c
+# Result: static 78.2 %, FluidPD 96.9 % live (+18.7 pp; simulated 78.5 / 96.5 %).
+# The controller declined one D->P proposal, then took two (4P4D -> 6P2D, PPI 1.66).
+# FluidPD >= static - 1 pp holds on both.
