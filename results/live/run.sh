@@ -137,7 +137,7 @@ fluidpd evaluate --workload azure-mixed --rps 20 --num-requests 2000 --pd 4P4D \
 
 # Both slices again at 58a4c3b (the rule of 3d78f0c: the decode ratio past capacity, NEEDS_CAPACITY
 # asking the forecast for P->D, the peak loss within its noise, the reversal gate), one after the
-# other on the quiet otherwise idle machine (load 0.4-2), run with --out /tmp/live-long7 and
+# other on the otherwise idle machine (load 0.64 before, 0.44 after), run with --out /tmp/live-long7 and
 # /tmp/live-azure7 and copied (admin tokens and pid files left out).
 fluidpd evaluate --workload long-chat-poisson --rps 4 --num-requests 240 --pd 4P4D \
   --policies static,fluidpd --seed 0 --out results/live/long-chat-poisson-240-4rps-2026-12-04c
