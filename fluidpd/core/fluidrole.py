@@ -362,7 +362,6 @@ class FluidRolePolicy:
         predictive = self._predictive(demand)
         undo = self._verify(now, pressure, workers, demand if predictive else None)
         if undo is not None:
-            self._switch_demand = demand if predictive else None
             return undo
         rec = recommend(pressure, self.cfg)
         if predictive and rec in (Recommendation.NONE, Recommendation.NEEDS_CAPACITY):
@@ -382,7 +381,7 @@ class FluidRolePolicy:
         if any(w.state is not RoleState.ACTIVE for w in workers):
             return Recommendation.NONE
         gate = self._reversal_gate(rec, pressure, now, demand if predictive else None)
-        if gate is _Gate.SHUT or (gate is _Gate.SAFE and not predictive):
+        if gate is _Gate.SHUT:
             return Recommendation.NONE
         if now < self._frozen_until.get(rec, float("-inf")) or not self._budget_left(now):
             return Recommendation.NONE
@@ -394,17 +393,16 @@ class FluidRolePolicy:
                 return Recommendation.NONE
             forecast = self._forecast(now, pressure, demand, source)
             self.last_forecast = forecast
-            safe = gate is _Gate.SAFE
-            if not self._worth(forecast, pressure, source, trade=not safe):
+            if not self._worth(forecast, pressure, source, trade=gate is not _Gate.SAFE):
                 # The streak is kept: the forecast is asked again next interval while the
                 # recommendation persists, so that a switch does not depend on where the
                 # refusals fell (refused at 3 s and 6 s, a count reset by each refusal
                 # never reached the forecast that won at 4-5 s).
                 self.refused += 1
                 return Recommendation.NONE
-        decision = self._commit(now, workers, source, rec, pressure, forecast)
-        if decision is not None:
-            self._switch_demand = demand if predictive else None
+        decision = self._commit(
+            now, workers, source, rec, pressure, forecast, demand if predictive else None
+        )
         if decision is not None and forecast is not None:
             self._check, self._watch = _Check(source, rec, math.inf), None
         return decision or Recommendation.NONE
@@ -518,6 +516,7 @@ class FluidRolePolicy:
         rec: Recommendation,
         pressure: PoolPressure,
         forecast: Forecast | None,
+        demand: Demand | None,
         undo: bool = False,
     ) -> SwitchDecision | None:
         candidate = self.pick_candidate(workers, source)
@@ -525,6 +524,7 @@ class FluidRolePolicy:
             return None
         self._switching = candidate.worker
         self._last_direction = rec
+        self._switch_demand = demand
         self._streak = 0
         self._starts.append(now)
         mode = self.cfg.drain_mode if source is Role.DECODE else DrainMode.WAIT
@@ -561,7 +561,7 @@ class FluidRolePolicy:
         if any(w.state is not RoleState.ACTIVE for w in workers):
             return None
         back = Recommendation.P_TO_D if due.source is Role.DECODE else Recommendation.D_TO_P
-        decision = self._commit(now, workers, due.source.other, back, p, None, undo=True)
+        decision = self._commit(now, workers, due.source.other, back, p, None, demand, undo=True)
         if decision is not None:
             self._undo_due = None
             self.undone += 1
@@ -640,7 +640,8 @@ class FluidRolePolicy:
         within = now < self._last_switch_end + self.cfg.horizon_s
         if within and self._within_forecast(demand, donor.other):
             return _Gate.OPEN
-        return _Gate.SAFE
+        # Without a demand (the paper's rule) there is no forecast to win.
+        return _Gate.SAFE if demand is not None else _Gate.SHUT
 
     def _within_forecast(self, demand: Demand | None, phase: Role) -> bool:
         """Whether ``phase``'s load now, at the lower bound of its rate, is within what the
@@ -651,8 +652,8 @@ class FluidRolePolicy:
             return True
         now, checked = demand.low, then.burst
         if phase is Role.PREFILL:
-            return now.rate * now.prefill_s <= checked.rate * checked.prefill_s
-        return now.rate * max(now.output, 1.0) <= checked.rate * max(checked.output, 1.0)
+            return now.prefill_work <= checked.prefill_work
+        return now.token_rate <= checked.token_rate
 
     def pick_candidate(
         self, workers: Sequence[WorkerSignals], source: Role

@@ -90,6 +90,17 @@ class Demand:
         arrivals of a stream with c_a^2 = 9 read its rate as 6.1 req/s against 9.4)."""
         return self.samples >= MIN_DEMAND_SAMPLES * max(1.0, self.arrival_cv2)
 
+    @property
+    def prefill_work(self) -> float:
+        """Prefill seconds asked for per second, ``rate E[T_pre]`` (one worker's busy
+        fraction if it served them all)."""
+        return self.rate * self.prefill_s
+
+    @property
+    def token_rate(self) -> float:
+        """Output tokens asked for per second, ``rate E[O]`` (at least one token a request)."""
+        return self.rate * max(self.output, 1.0)
+
     def attainable_prefill_s(self, ttft_s: float) -> float:
         """Mean predicted prefill seconds of the prompts whose prefill alone fits within
         ``ttft_s`` (from ``prefill_quantiles``; the mean of all when every quantile fits or
@@ -421,7 +432,7 @@ class CapacityModel:
             return 0.0
         if n_prefill <= 0:
             return math.inf
-        return d.rate * d.prefill_s / n_prefill
+        return d.prefill_work / n_prefill
 
     def prefill_ratio(self, d: Demand, n_prefill: int) -> float:
         """u_P / u_P* for ``n_prefill`` workers (inf with none, or if one prompt alone misses
@@ -460,7 +471,7 @@ class CapacityModel:
         ctx = d.prompt + d.output / 2.0
         commit = kv_commitment(d.prompt, d.output, self.reserve_output_clip)
         return DecodeLoad(
-            tokens_per_s=d.rate * max(d.output, 1.0) / n_decode,
+            tokens_per_s=d.token_rate / n_decode,
             per_request=self.decode.a_c * ctx + self.decode.a_n,
             a_0=self.decode.a_0,
             n_tpot=float(min(self.max_running, self.decode.max_batch(self.slo.tpot, ctx))),
@@ -589,11 +600,10 @@ class CapacityModel:
         later (41.9 % against static 45.9 %)."""
         if d.rate <= 0 or n_decode <= 0:
             return math.inf
-        concurrency = self.decode_load(d, n_decode).concurrency
-        if not math.isfinite(concurrency):
+        load = self.decode_load(d, n_decode)
+        if not math.isfinite(load.concurrency):
             return math.inf
-        ctx = d.prompt + d.output / 2.0
-        iteration = (self.decode.a_c * ctx + self.decode.a_n) * max(concurrency, 1.0)
+        iteration = load.per_request * max(load.concurrency, 1.0)
         streams = 2.0 * d.output
         if d.output > 0 and d.output2 > 0:
             streams = max(streams, d.output2 / d.output)
@@ -700,9 +710,9 @@ class CapacityModel:
             (observed_decode if source is Role.DECODE else observed_busy) is not None,
             self.loss(peak, split, scale, p_scale),
             self.loss(peak, left, scale, p_scale),
-            donor_before,
-            donor_busy,
-            peak.rate * horizon_s,
+            donor_before=donor_before,
+            donor_busy_after=donor_busy,
+            peak_arrivals=peak.rate * horizon_s,
         )
 
 
