@@ -48,9 +48,14 @@ MODEL = CapacityModel.from_profile(resolve_profile("llama-3.1-8b", "a100-80gb", 
 CFG = FluidRoleConfig(n_persist=1, cooldown_s=0.0, settle_s=10.0, freeze_s=100.0)
 
 
-def fleet(n_p: int, n_d: int, ppi: float, load: float, adm: float) -> list[WorkerSignals]:
+def fleet(
+    n_p: int, n_d: int, ppi: float, load: float, adm: float, busy: float | None = None
+) -> list[WorkerSignals]:
+    """Prefill workers at PPI ``ppi`` (busy ``busy`` of the time, where given) and decode
+    workers at DPI_load ``load`` and DPI_adm ``adm``."""
     return [
-        WorkerSignals(f"p{i}", Role.PREFILL, RoleState.ACTIVE, queue_ppi=ppi) for i in range(n_p)
+        WorkerSignals(f"p{i}", Role.PREFILL, RoleState.ACTIVE, queue_ppi=ppi, busy=busy)
+        for i in range(n_p)
     ] + [
         WorkerSignals(f"d{i}", Role.DECODE, RoleState.ACTIVE, dpi_load=load, dpi_adm=adm)
         for i in range(n_d)
@@ -214,9 +219,7 @@ def test_both_phases_saturated_later_does_not_undo() -> None:
     # (prefill workers busy throughout) is no evidence against the switch.
     policy, d = _switched_from_2p4d()
     assert not isinstance(policy.observe(12.0, fleet(3, 3, 0.2, 0.3, 0.3), d), SwitchDecision)
-    both = [
-        replace(w, busy=0.97) if w.role is Role.PREFILL else w for w in fleet(3, 3, 3.0, 0.9, 0.99)
-    ]
+    both = fleet(3, 3, 3.0, 0.9, 0.99, busy=0.97)
     for t in range(100, 200, 5):
         assert not isinstance(policy.observe(float(t), both, d), SwitchDecision)
     assert policy.undone == 0
@@ -876,9 +879,7 @@ def test_a_forecast_that_wins_is_taken_where_both_phases_read_pressured() -> Non
     # prompts wait for decode KV. The forecast's P->D wins, and is taken.
     policy = FluidRolePolicy(CFG, MODEL)
     d = demand(40.0, 200, 1000)
-    pressured = [
-        replace(w, busy=0.3) if w.role is Role.PREFILL else w for w in fleet(6, 2, 3.0, 0.9, 0.99)
-    ]
+    pressured = fleet(6, 2, 3.0, 0.9, 0.99, busy=0.3)
     decision = policy.observe(0.0, pressured, d)
     assert isinstance(decision, SwitchDecision)
     assert (decision.source, decision.target) == (Role.PREFILL, Role.DECODE)
@@ -893,12 +894,6 @@ def test_a_reversal_inside_the_cooldown_refutes_a_forecast_or_keeps_its_donor_up
     # forecast, and the reversal goes through inside the reversal cooldown.
     d = demand(5.0, 4000, 600)
 
-    def starved(adm: float) -> list[WorkerSignals]:
-        return [
-            replace(w, busy=0.97) if w.role is Role.PREFILL else w
-            for w in fleet(3, 3, 3.0, adm, adm)
-        ]
-
     def switched(cfg: FluidRoleConfig) -> FluidRolePolicy:
         policy = FluidRolePolicy(cfg, MODEL)
         first = policy.observe(0.0, fleet(4, 2, 0.1, 0.9, 0.99), d)
@@ -906,20 +901,20 @@ def test_a_reversal_inside_the_cooldown_refutes_a_forecast_or_keeps_its_donor_up
         policy.switch_finished(first.worker, 1.0)
         return policy
 
-    back = switched(CFG).observe(5.0, starved(0.2), d)
+    back = switched(CFG).observe(5.0, fleet(3, 3, 3.0, 0.2, 0.2, busy=0.97), d)
     assert isinstance(back, SwitchDecision) and back.source is Role.DECODE
     # At 6 req/s even the rate's lower bound (5.6) is past the peak the switch was checked
     # at (5.3): the load has changed, and the reversal goes only because its forecast wins
     # with the decode pool it takes a worker from keeping up.
     heavier = demand(6.0, 4000, 600)
     assert heavier.low.rate > d.burst.rate
-    later = switched(CFG).observe(5.0, starved(0.2), heavier)
+    later = switched(CFG).observe(5.0, fleet(3, 3, 3.0, 0.2, 0.2, busy=0.97), heavier)
     assert isinstance(later, SwitchDecision) and later.forecast is not None
     assert donor_keeps_up(later.forecast) and clearly_worth(later.forecast, CFG.gain_margin)
     # Prefill workers behind their deadlines but busy 89 % of the time are not saturated:
     # nothing goes through inside the cooldown, though without it the forecast takes the
     # reversal.
-    behind = [replace(w, busy=0.89) if w.role is Role.PREFILL else w for w in starved(0.2)]
+    behind = fleet(3, 3, 3.0, 0.2, 0.2, busy=0.89)
     assert switched(CFG).observe(5.0, behind, d) is Recommendation.NONE
     no_cooldown = replace(CFG, reversal_cooldown_s=0.0)
     assert isinstance(switched(no_cooldown).observe(5.0, behind, d), SwitchDecision)
