@@ -131,6 +131,17 @@ class SimResult:
     predictor_mre: dict[str, float]
 
 
+def prompt_normal(seed: int) -> Callable[[int, int], float]:
+    """A standard normal draw per (request id, dispatch) for run ``seed``, the same whatever
+    was drawn before it (``StepTimes.prompt_factor``). Seeded by one integer, not a hash of a
+    tuple, so that every Python version draws the same numbers."""
+
+    def draw(rid: int, attempt: int) -> float:
+        return random.Random((abs(seed) << 72) | (rid << 8) | min(attempt, 255)).gauss(0.0, 1.0)
+
+    return draw
+
+
 class Simulator:
     """One simulated deployment serving one workload."""
 
@@ -145,7 +156,10 @@ class Simulator:
         # Span noise is drawn as vectors; a separate stream keeps per-step draws reproducible.
         self._span_rng = np.random.default_rng(cfg.seed)
         self._max_span = 1 if cfg.adaptive else MAX_SPAN
-        self._true_times = StepTimes(cfg.profile, cfg.noise, cfg.drift, self._rng)
+        # Keyed: a prompt's prefill noise is its own, so that policies compare on one draw.
+        self._true_times = StepTimes(
+            cfg.profile, cfg.noise, cfg.drift, self._rng, prompt_normal(cfg.seed)
+        )
         self._transfer = cfg.profile.transfer_model()
         token_cfg = replace(cfg.token_cfg, enabled=cfg.mechanisms.fluidtoken)
         self._token_cfg = token_cfg

@@ -153,7 +153,7 @@ def test_aggressive_fluidpd_conserves_requests(
 
 @pytest.mark.parametrize("mode", [DrainMode.WAIT, DrainMode.MIGRATE], ids=str)
 def test_many_switches_in_both_directions(mode: DrainMode) -> None:
-    wl = build_workload("synthetic", 30.0, seed=7, num_requests=200)
+    wl = build_workload("synthetic", 30.0, seed=2, num_requests=200)
     sim, res = simulate(wl, aggressive(mode))
     check_conservation(sim, res, len(wl))
     directions = {(s.source, s.target) for s in res.switches}

@@ -13,6 +13,7 @@ from fluidpd.core.scheduler.decode import DecodeBatch
 from fluidpd.core.scheduler.prefill import PrefillBatch
 from fluidpd.core.step_times import StepTimes
 from fluidpd.core.types import Request
+from fluidpd.sim.simulator import prompt_normal
 from tests.sidecar.helpers import fast_profile
 
 
@@ -51,5 +52,43 @@ def test_an_empty_prefix_takes_no_time_and_draws_no_noise(tmp_path: Path) -> Non
 def test_noise_is_mean_one(tmp_path: Path) -> None:
     times = StepTimes(fast_profile(tmp_path), 0.5, 2.0, random.Random(1))
     factors = [times.factor() for _ in range(20_000)]
+    assert np.mean(factors) == pytest.approx(2.0, rel=0.03)
+    assert np.std(factors) > 0.5
+
+
+def _prompt(rid: int, tokens: int, reassigned: int = 0) -> PrefillBatch:
+    req = Request(rid, 0.0, tokens, 8)
+    req.reassigned = reassigned
+    return PrefillBatch(req, tokens, 0.0, 0.0)
+
+
+def test_keyed_prefill_noise_is_the_prompts_own(tmp_path: Path) -> None:
+    # Common random numbers: with a key, a prompt's prefill time does not depend on what the
+    # engine drew before it, so two policies replaying one workload see the same prompt take
+    # the same time; another key or another dispatch of the prompt draws anew.
+    profile = fast_profile(tmp_path)
+    a = StepTimes(profile, 0.3, 1.0, random.Random(7), prompt_normal(5))
+    b = StepTimes(profile, 0.3, 1.0, random.Random(8), prompt_normal(5))
+    b.decode(_decode())
+    b.prefill(_prompt(2, 256))
+    assert a.prefill(_prompt(1, 256)) == b.prefill(_prompt(1, 256))
+    # A shorter prefix (suffix stolen) of the same prompt keeps its factor.
+    time = profile.prefill_predictor().time
+    ratio = a.prefill(_prompt(1, 128)) / time(128)
+    assert ratio == pytest.approx(a.prefill(_prompt(1, 256)) / time(256))
+    other_key = StepTimes(profile, 0.3, 1.0, random.Random(7), prompt_normal(6))
+    assert other_key.prefill(_prompt(1, 256)) != a.prefill(_prompt(1, 256))
+    assert a.prefill(_prompt(1, 256, reassigned=1)) != a.prefill(_prompt(1, 256))
+    # Unkeyed, the same prompt after another draw takes another time.
+    c, d = (StepTimes(profile, 0.3, 1.0, random.Random(7)) for _ in range(2))
+    d.decode(_decode())
+    assert c.prefill(_prompt(1, 256)) != d.prefill(_prompt(1, 256))
+
+
+def test_keyed_prefill_noise_is_mean_one_over_prompts(tmp_path: Path) -> None:
+    profile = fast_profile(tmp_path)
+    times = StepTimes(profile, 0.5, 2.0, random.Random(0), prompt_normal(3))
+    base = profile.prefill_predictor().time(256)
+    factors = [times.prefill(_prompt(rid, 256)) / base for rid in range(20_000)]
     assert np.mean(factors) == pytest.approx(2.0, rel=0.03)
     assert np.std(factors) > 0.5
