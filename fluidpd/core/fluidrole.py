@@ -393,7 +393,7 @@ class FluidRolePolicy:
                 return Recommendation.NONE
             forecast = self._forecast(now, pressure, demand, source)
             self.last_forecast = forecast
-            if not self._worth(forecast, pressure, source, trade=gate is not _Gate.SAFE):
+            if not self._worth(now, forecast, pressure, source, trade=gate is not _Gate.SAFE):
                 # The streak is kept: the forecast is asked again next interval while the
                 # recommendation persists, so that a switch does not depend on where the
                 # refusals fell (refused at 3 s and 6 s, a count reset by each refusal
@@ -491,7 +491,7 @@ class FluidRolePolicy:
             if pool <= keep or (source is Role.DECODE and not decode_may_give):
                 continue
             f = self._forecast(now, p, demand, source)
-            if self._worth(f, p, source) and f.gain - f.cost > best_net:
+            if self._worth(now, f, p, source) and f.gain - f.cost > best_net:
                 best, best_net = rec, f.gain - f.cost
         return best
 
@@ -554,7 +554,7 @@ class FluidRolePolicy:
                 if demand is None or self._back_wins(now, p, demand, check.source.other):
                     self._undo_due, self._watch = check, None
         elif self._watch is not None and self._switching is None and self._undo_due is None:
-            self._watch_donor(now, p)
+            self._watch_donor(now, p, demand)
         due = self._undo_due
         if due is None or self._switching is not None:
             return None
@@ -567,11 +567,12 @@ class FluidRolePolicy:
             self.undone += 1
         return decision
 
-    def _watch_donor(self, now: float, p: PoolPressure) -> None:
+    def _watch_donor(self, now: float, p: PoolPressure, demand: Demand | None = None) -> None:
         """Watches a checked switch's donor until the next switch: a donor starved without a
         break for ``settle_s`` refutes the switch by observation, and it is undone whatever
-        the forecast says, once the switch is older than the reversal cooldown and within
-        the switch budget (so that an undo of this kind never counts as flapping).
+        the forecast says, within the switch budget: at once where requests wait for the
+        donor under a load no heavier than the switch's forecast checked it at
+        (``_within_forecast``), else once the switch is older than the reversal cooldown.
 
         The forecast counts a gain at the lower bound of the rate and checks the donor at the
         upper one, so that a switch away from a working split needs clear evidence; the same
@@ -580,7 +581,13 @@ class FluidRolePolicy:
         busy half of the time; every request missed TTFT for four minutes while the forecast
         at the rate's lower bound put the way back at a larger loss (static 70.2 %, FluidPD
         59.1 %). The check at ``settle_s`` after the switch sees only what the switch itself
-        did; this sees what the load brought after it, which the undo must answer too."""
+        did; this sees what the load brought after it, which the undo must answer too.
+
+        Waiting out the cooldown there as well (so that no undo counted as a quick reversal)
+        left a decode worker, checked at 0.78 of its capacity at 1.4 req/s, missing every
+        request from 160 s to 378 s at 1.2-1.5 req/s (long chats, Qwen3-14B/A100, 4 workers,
+        3 s TTFT: static 70.8 %, FluidPD 48.5 %). The undo freezes the switch's direction,
+        so the split does not flap back."""
         watch = self._watch
         assert watch is not None
         if not donor_starved(watch.source, p, self.cfg):
@@ -589,7 +596,12 @@ class FluidRolePolicy:
         if self._starved_since is None:
             self._starved_since = now
         old = now >= watch.ended + self.cfg.reversal_cooldown_s
-        if now - self._starved_since >= self.cfg.settle_s and old and self._budget_left(now):
+        # Inside the cooldown only on the plainest evidence: requests held back by the donor
+        # (waiting for decode KV; a prefill donor is saturated only with its queue far past
+        # its deadlines and its workers busy), under the load the switch was checked at.
+        held_back = watch.source is Role.PREFILL or p.decode_waiting > 0
+        refuted = old or (held_back and self._within_forecast(demand, watch.source))
+        if now - self._starved_since >= self.cfg.settle_s and refuted and self._budget_left(now):
             self._frozen_until[watch.direction] = now + self.cfg.freeze_s
             self._undo_due, self._watch = watch, None
 
@@ -603,12 +615,19 @@ class FluidRolePolicy:
         # overload for the other's: it must keep its donor within capacity.
         return clearly_worth(forecast, self.cfg.gain_margin)
 
-    def _worth(self, f: Forecast, p: PoolPressure, source: Role, trade: bool = True) -> bool:
+    def _worth(
+        self, now: float, f: Forecast, p: PoolPressure, source: Role, trade: bool = True
+    ) -> bool:
         """``clearly_worth``, told whether the phase that would get the worker is observed
         saturated while the donor is not (never, with ``trade`` False: the donor must keep
         up)."""
         starved = trade and donor_starved(source.other, p, self.cfg)
-        return clearly_worth(f, self.cfg.gain_margin, starved)
+        return clearly_worth(f, self.cfg.gain_margin, starved, self._final_in_budget(now))
+
+    def _final_in_budget(self, now: float) -> bool:
+        """Whether a switch now would be the last the switch budget allows in its window."""
+        budget = self.cfg.switch_budget
+        return budget > 0 and self._budget_left(now) and len(self._starts) + 1 >= budget
 
     def _reversal_gate(
         self, rec: Recommendation, p: PoolPressure, now: float, demand: Demand | None = None

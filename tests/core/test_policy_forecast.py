@@ -49,15 +49,23 @@ CFG = FluidRoleConfig(n_persist=1, cooldown_s=0.0, settle_s=10.0, freeze_s=100.0
 
 
 def fleet(
-    n_p: int, n_d: int, ppi: float, load: float, adm: float, busy: float | None = None
+    n_p: int,
+    n_d: int,
+    ppi: float,
+    load: float,
+    adm: float,
+    busy: float | None = None,
+    waiting: int = 0,
 ) -> list[WorkerSignals]:
     """Prefill workers at PPI ``ppi`` (busy ``busy`` of the time, where given) and decode
-    workers at DPI_load ``load`` and DPI_adm ``adm``."""
+    workers at DPI_load ``load`` and DPI_adm ``adm`` (``waiting`` requests for KV each)."""
     return [
         WorkerSignals(f"p{i}", Role.PREFILL, RoleState.ACTIVE, queue_ppi=ppi, busy=busy)
         for i in range(n_p)
     ] + [
-        WorkerSignals(f"d{i}", Role.DECODE, RoleState.ACTIVE, dpi_load=load, dpi_adm=adm)
+        WorkerSignals(
+            f"d{i}", Role.DECODE, RoleState.ACTIVE, dpi_load=load, dpi_adm=adm, kv_waiting=waiting
+        )
         for i in range(n_d)
     ]
 
@@ -178,39 +186,69 @@ def test_refuted_switch_whose_way_back_loses_is_frozen_not_undone() -> None:
     assert not isinstance(policy.observe(50.0, fleet(3, 3, 3.0, 0.05, 0.05), d), SwitchDecision)
 
 
-def test_a_donor_starved_for_settle_s_after_the_check_undoes_the_switch() -> None:
-    # The same switch, its donor fine when checked; later the load brings the decode pool to
-    # saturation while prefill idles. Starvation without a break for settle_s undoes the
-    # switch, although the forecast of the way back (at the rate's lower bound) does not
-    # win, but not inside the reversal cooldown (that would be flapping) and not before
-    # settle_s without a break.
+def test_a_donor_starved_for_settle_s_under_the_checked_load_undoes_the_switch() -> None:
+    # The same switch, its donor fine when checked; later the decode pool saturates, with
+    # requests waiting for its KV, while prefill idles, under the load the switch was checked
+    # at. Starvation without a break for settle_s refutes the switch and undoes it, inside
+    # the reversal cooldown, although the forecast of the way back (at the rate's lower
+    # bound) does not win; a break restarts the count.
     policy, d = _switched_from_2p4d()
+    fine, starved = fleet(3, 3, 0.2, 0.3, 0.3), fleet(3, 3, 0.2, 0.9, 0.99, waiting=2)
+    assert not isinstance(policy.observe(12.0, fine, d), SwitchDecision)
+    assert CFG.settle_s == 10.0
+    for t in (100.0, 105.0, 110.0, 115.0, 119.0):
+        assert not isinstance(policy.observe(t, fine if t == 105.0 else starved, d), SwitchDecision)
+    assert policy.undone == 0
+    undo = policy.observe(120.0, starved, d)
+    assert isinstance(undo, SwitchDecision) and undo.undo and policy.undone == 1
+    assert undo.source is Role.PREFILL and undo.target is Role.DECODE
+    policy.switch_finished(undo.worker, 121.0)
+    # Once undone, D->P is frozen for freeze_s, however hard eq. (22) asks.
+    assert not isinstance(policy.observe(122.0, fleet(2, 4, 3.0, 0.05, 0.05), d), SwitchDecision)
+
+
+def test_a_full_decode_pool_that_admits_all_waits_out_the_reversal_cooldown() -> None:
+    # Saturated by DPI_adm but with nothing waiting for its KV: not the plain evidence an
+    # undo inside the cooldown needs (it would count as flapping); after it, the undo goes.
+    policy, d = _switched_from_2p4d()
+    fine, full = fleet(3, 3, 0.2, 0.3, 0.3), fleet(3, 3, 0.2, 0.9, 0.99)
+    assert not isinstance(policy.observe(12.0, fine, d), SwitchDecision)
+    for t in (100.0, 200.0, 300.0):
+        assert not isinstance(policy.observe(t, full, d), SwitchDecision)
+    undo = policy.observe(310.0, full, d)
+    assert isinstance(undo, SwitchDecision) and undo.undo
+
+
+def test_a_donor_starved_under_a_heavier_load_waits_out_the_reversal_cooldown() -> None:
+    # Starved only once the decode load is past what the switch was checked at (twice the
+    # rate and outputs): what came after the switch, not the switch, is what the
+    # observation shows, so the undo waits out the reversal cooldown (that would be flapping).
+    policy, d = _switched_from_2p4d()
+    heavier = demand(60.0, 2000, 100)
     fine, starved = fleet(3, 3, 0.2, 0.3, 0.3), fleet(3, 3, 0.2, 0.9, 0.99)
     assert not isinstance(policy.observe(12.0, fine, d), SwitchDecision)
     for t in (100.0, 200.0, 295.0, 305.0, 310.0):
-        assert not isinstance(policy.observe(t, fine if t == 295.0 else starved, d), SwitchDecision)
+        load = fine if t == 295.0 else starved
+        assert not isinstance(policy.observe(t, load, heavier), SwitchDecision)
     assert CFG.reversal_cooldown_s == 300.0 and policy.undone == 0
-    undo = policy.observe(315.0, starved, d)
+    undo = policy.observe(335.0, starved, heavier)
     assert isinstance(undo, SwitchDecision) and undo.undo and policy.undone == 1
-    assert undo.source is Role.PREFILL and undo.target is Role.DECODE
-    policy.switch_finished(undo.worker, 316.0)
-    # Once undone, D->P is frozen for freeze_s, however hard eq. (22) asks.
-    assert not isinstance(policy.observe(317.0, fleet(2, 4, 3.0, 0.05, 0.05), d), SwitchDecision)
 
 
 def test_the_reversal_cooldown_of_an_undo_counts_from_the_end_of_the_switch() -> None:
-    # A switch that took 20 s to drain: its undo waits 300 s from when it finished, as a
-    # reversal proposed by eq. (22) does and as the robustness suite times reversals.
+    # A switch that took 20 s to drain: its undo (under a load heavier than it was checked
+    # at) waits 300 s from when it finished, as a reversal proposed by eq. (22) does and as
+    # the robustness suite times reversals.
     policy = FluidRolePolicy(CFG, MODEL)
-    d = demand(30.0, 2000, 50)
+    d, heavier = demand(30.0, 2000, 50), demand(60.0, 2000, 100)
     first = policy.observe(0.0, fleet(2, 4, 3.0, 0.05, 0.05), d)
     assert isinstance(first, SwitchDecision)
     policy.switch_finished(first.worker, 20.0)
     fine, starved = fleet(3, 3, 0.2, 0.3, 0.3), fleet(3, 3, 0.2, 0.9, 0.99)
     assert not isinstance(policy.observe(31.0, fine, d), SwitchDecision)
-    for t in (300.0, 310.0, 319.0):
-        assert not isinstance(policy.observe(t, starved, d), SwitchDecision)
-    undo = policy.observe(320.0, starved, d)
+    for t in (250.0, 300.0, 310.0, 319.0):
+        assert not isinstance(policy.observe(t, starved, heavier), SwitchDecision)
+    undo = policy.observe(320.0, starved, heavier)
     assert isinstance(undo, SwitchDecision) and undo.undo
 
 
@@ -918,3 +956,45 @@ def test_a_reversal_inside_the_cooldown_refutes_a_forecast_or_keeps_its_donor_up
     assert switched(CFG).observe(5.0, behind, d) is Recommendation.NONE
     no_cooldown = replace(CFG, reversal_cooldown_s=0.0)
     assert isinstance(switched(no_cooldown).observe(5.0, behind, d), SwitchDecision)
+
+
+def test_the_last_switch_of_the_budget_must_keep_its_donors_misses_small() -> None:
+    # A switch the budget can still undo is checked by its donor's mean load; the last one
+    # it allows in the window must also add at most the margin to what the donor itself
+    # misses at the peak.
+    gains = Forecast(0.5, 0.4, 0.5, 1.0, 12.0, 0.0, 0.5, 0.2, 0.1, 0.2, 1000.0)
+    tail = replace(gains, donor_tail=0.2)
+    assert clearly_worth(tail, 0.1) and not clearly_worth(tail, 0.1, final=True)
+    assert clearly_worth(replace(gains, donor_tail=0.05), 0.1, final=True)
+
+
+def test_the_forecast_reads_the_donors_added_misses_at_the_peak() -> None:
+    d = Demand(3.0, 8000, 400, float(MODEL.prefill.time(8000)), 500, True, 4.5)
+    f = MODEL.forecast(d, Split(5, 3), Role.DECODE, 120.0, True)
+    # One decode worker fewer at the peak: its streams and KV pass a worker's share more often.
+    kept = MODEL.decode_miss(d.burst, 3, 1.0, MODEL.prefill_wait(d.burst, 5))
+    left = MODEL.decode_miss(d.burst, 2, 1.0, MODEL.prefill_wait(d.burst, 6))
+    assert f.donor_tail == pytest.approx(left - kept) and f.donor_tail > 0
+    g = MODEL.forecast(d, Split(5, 3), Role.PREFILL, 120.0, True)
+    busy4, busy5 = (MODEL.prefill_busy(d.burst, n) for n in (4, 5))
+    expected = MODEL.queue_miss(d.burst, busy4, 4) - MODEL.queue_miss(d.burst, busy5, 5)
+    assert g.donor_tail == pytest.approx(expected) and g.donor_tail >= 0
+
+
+def test_the_last_switch_in_the_budget_window_is_held_to_its_donors_misses() -> None:
+    # The same D->P switch twice (2K-token prompts, 1K-token outputs at 8 req/s, 4P4D, the
+    # decode pool reading what the model says): with a switch already started in the window
+    # it is the budget's last, and a donor left at 0.92 of its KV at the peak, missing a
+    # seventh more there, refuses it; with the budget fresh it goes on its mean load.
+    d = Demand(8.0, 2000, 1000, float(MODEL.prefill.time(2000)), 500, True, 9.6)
+    ratio = MODEL.decode_ratio(d, 4, MODEL.prefill_wait(d, 4))
+    asking = fleet(4, 4, 3.0, ratio, ratio)
+    fresh, spent = FluidRolePolicy(CFG, MODEL), FluidRolePolicy(CFG, MODEL)
+    spent._starts.append(-10.0)
+    assert isinstance(fresh.observe(0.0, asking, d), SwitchDecision)
+    f = fresh.last_forecast
+    assert f is not None and f.donor_after < 1.0 and f.donor_tail > CFG.gain_margin
+    assert not isinstance(spent.observe(0.0, asking, d), SwitchDecision)
+    assert spent.refused == 1
+    # Once the first start has left the window, the budget is fresh again.
+    assert isinstance(spent.observe(600.0, asking, d), SwitchDecision)
