@@ -998,3 +998,18 @@ def test_the_last_switch_in_the_budget_window_is_held_to_its_donors_misses() -> 
     assert spent.refused == 1
     # Once the first start has left the window, the budget is fresh again.
     assert isinstance(spent.observe(600.0, asking, d), SwitchDecision)
+
+
+def test_a_reversal_with_the_last_of_the_budget_is_checked_by_its_mean() -> None:
+    # The budget's last switch is held to its donor's added misses only when it moves the
+    # split further away: a reversal returns to the split the last switch left.
+    d = Demand(8.0, 2000, 1000, float(MODEL.prefill.time(2000)), 500, True, 9.6)
+    ratio = MODEL.decode_ratio(d, 4, MODEL.prefill_wait(d, 4))
+    asking = fleet(4, 4, 3.0, ratio, ratio)
+    further, back = FluidRolePolicy(CFG, MODEL), FluidRolePolicy(CFG, MODEL)
+    for policy, last in ((further, Recommendation.D_TO_P), (back, Recommendation.P_TO_D)):
+        policy._starts.append(-10.0)
+        policy._last_direction = last
+    assert not isinstance(further.observe(0.0, asking, d), SwitchDecision)
+    decision = back.observe(0.0, asking, d)
+    assert isinstance(decision, SwitchDecision) and decision.source is Role.DECODE
