@@ -625,17 +625,23 @@ class FluidRolePolicy:
         return clearly_worth(f, self.cfg.gain_margin, starved, self._final_away(now, source))
 
     def _final_away(self, now: float, source: Role) -> bool:
-        """Whether a ``source`` switch now would be the last the switch budget allows in its
-        window and would not reverse the last switch: one that moves the split further from
-        where it was, with no undo left to bring it back.
+        """Whether a ``source`` switch now would take a decode worker away with the last switch
+        the budget allows in its window, without reversing the last switch: one that moves
+        the split further from where it was, with no undo left to bring it back.
 
-        A reversal returns to the split the last switch left, which served before it; held
-        to the donor check of a final switch, the reversal of a D->P switch whose outputs
-        grew 2.17-fold came 31 s later (stress draw 3, cell 4: 72.1 -> 66.5 %, static
-        83.1 %)."""
+        Only a decode donor: at the edge of its KV a decode pool stops admitting, and the
+        requests that wait hold the KV they reserved, which the forecast's occupancy tail
+        (``CapacityModel.decode_miss``) understates; a prefill pool past its headroom queues,
+        which its wait tail counts. Held to the check, the second P->D switch of a prefill
+        pool of short prompts (5P1D -> 4P2D -> 3P3D at 74 req/s, the best split by far) came
+        29 s later (stress draw 5, cell 74: 73.8 -> 15.7 %, static 0.2 %). A reversal
+        returns to the split the last switch left, which served before it; held to the
+        check, the reversal of a D->P switch whose outputs then grew 2.17-fold came 31 s
+        later (stress draw 3, cell 4: 72.1 -> 66.5 %, static 83.1 %)."""
+        if source is not Role.DECODE:
+            return False
         budget = self.cfg.switch_budget
-        same = Recommendation.P_TO_D if source is Role.PREFILL else Recommendation.D_TO_P
-        reverses = self._last_direction not in (Recommendation.NONE, same)
+        reverses = self._last_direction is Recommendation.P_TO_D
         final = budget > 0 and self._budget_left(now) and len(self._starts) + 1 >= budget
         return final and not reverses
 

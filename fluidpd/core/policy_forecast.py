@@ -921,18 +921,18 @@ def clearly_worth(
     The one exception needs the observation's word too (``receiver_starved``: the phase that
     would get the worker is observed saturated and the donor is not): ``overload_traded``.
 
-    A ``final`` switch (the last the switch budget allows in its window, so that no undo can
-    follow it there) must also add at most ``margin`` of the requests to what the donor
-    phase itself misses at the recent peak rate (``Forecast.donor_tail``). A donor under
-    capacity on its mean load still misses whenever its streams or KV pass a worker's share,
-    and a decode pool there collapses rather than degrades: requests wait for its KV while
-    holding what they reserved. 5P3D -> 6P2D of 9K-token chats (Qwen3-14B/A100, 3 s TTFT,
-    the second switch in two minutes) left two decode workers at 0.84 of their KV at the
-    peak; the rate rose a fifth, and they missed most requests for the last two minutes of
-    the trace, the spent budget holding the undo back (static 79.0 %, FluidPD 70.4 %,
-    95.9 % with this check). A switch the budget can still undo is checked by its mean, as before:
-    the same check on every switch refused the right ones of overloaded long-prompt
-    deployments (34.4 -> 15.6 %)."""
+    A ``final`` switch (the caller's: one no undo could follow inside the switch budget's
+    window; ``FluidRolePolicy._final_away``) must also add at most ``margin`` of the
+    requests to what the donor phase itself misses at the recent peak rate
+    (``Forecast.donor_tail``). A decode donor under capacity on its mean load still misses
+    whenever its streams or KV pass a worker's share, and there it collapses rather than
+    degrades: requests wait for its KV while holding what they reserved. 5P3D -> 6P2D of
+    9K-token chats (Qwen3-14B/A100, 3 s TTFT, the second switch in two minutes) left two
+    decode workers at 0.84 of their KV at the peak; the rate rose a fifth, and they missed
+    most requests for the last two minutes of the trace, the spent budget holding the undo
+    back (static 79.0 %, FluidPD 70.4 %, 95.9 % with this check). A switch the budget can
+    still undo is checked by its mean, as before: the same check on every switch refused
+    the right ones of overloaded long-prompt deployments (34.4 -> 15.6 %)."""
     if math.isnan(f.gain) or math.isnan(f.cost) or math.isnan(f.donor_after):
         return False
     if final and f.donor_tail > margin:

@@ -1013,3 +1013,16 @@ def test_a_reversal_with_the_last_of_the_budget_is_checked_by_its_mean() -> None
     assert not isinstance(further.observe(0.0, asking, d), SwitchDecision)
     decision = back.observe(0.0, asking, d)
     assert isinstance(decision, SwitchDecision) and decision.source is Role.DECODE
+
+
+def test_the_last_switch_of_the_budget_is_held_to_its_donors_misses_only_for_decode() -> None:
+    # A prefill pool past its headroom queues, which its wait tail counts; only a decode
+    # donor, which stops admitting at its KV edge, is held to its added misses at the peak.
+    policy = FluidRolePolicy(CFG, MODEL)
+    policy._starts.append(-10.0)
+    assert policy._final_away(0.0, Role.DECODE)
+    assert not policy._final_away(0.0, Role.PREFILL)
+    # Not the budget's last, or reversing the last switch: no extra check.
+    assert not FluidRolePolicy(CFG, MODEL)._final_away(0.0, Role.DECODE)
+    policy._last_direction = Recommendation.P_TO_D
+    assert not policy._final_away(0.0, Role.DECODE)
