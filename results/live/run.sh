@@ -148,3 +148,17 @@ fluidpd evaluate --workload azure-mixed --rps 20 --num-requests 2000 --pd 4P4D \
 # Result: static 78.2 %, FluidPD 96.9 % live (+18.7 pp; simulated 78.5 / 96.5 %).
 # The controller declined one D->P proposal, then took two (4P4D -> 6P2D, PPI 1.66).
 # FluidPD >= static - 1 pp holds on both.
+
+# Both slices again at 44055d2 (common random numbers in the simulator; a refuted switch undone
+# at once where requests wait for its donor; the budget's last decode donor held to its added
+# misses at the peak), run with --out /tmp/live-long8 and /tmp/live-azure8 while robustness runs
+# shared the 2-core machine (load average 6-7.5), and copied (admin tokens and pid files left out).
+fluidpd evaluate --workload long-chat-poisson --rps 4 --num-requests 240 --pd 4P4D \
+  --policies static,fluidpd --seed 0 --out results/live/long-chat-poisson-240-4rps-2026-12-04d
+# Result: static 96.7 %, FluidPD 98.3 % live (+1.6 pp; simulated 97.1 / 99.2 %).
+# The controller took one forecast D->P switch (PPI 0.89; up-fluidpd/controller.log).
+fluidpd evaluate --workload azure-mixed --rps 20 --num-requests 2000 --pd 4P4D \
+  --policies static,fluidpd --seed 0 --out results/live/azure-mixed-2000-20rps-2026-12-04d
+# Result: static 77.7 %, FluidPD 95.5 % live (+17.8 pp; simulated 78.6 / 96.0 %).
+# The controller declined two D->P proposals and took two (4P4D -> 6P2D, PPI 75 and 68).
+# FluidPD >= static - 1 pp holds on both.
