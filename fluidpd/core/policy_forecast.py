@@ -237,10 +237,10 @@ class Forecast:
     donor_busy_after: float = math.inf
     #: Arrivals over the horizon at the recent peak rate (what ``peak_loss_*`` are shares of).
     peak_arrivals: float = 0.0
-    #: The share of requests the donor phase itself misses at the recent peak rate after the
-    #: switch, less the share it misses there before (``CapacityModel.decode_miss`` of a
-    #: decode donor, ``queue_miss`` of a prefill donor): what a switch that cannot be undone
-    #: must keep small (``clearly_worth``'s ``final``).
+    #: The share of requests a decode donor itself misses at the recent peak rate after the
+    #: switch, less the share it misses there before (``CapacityModel.decode_miss``; 0 for a
+    #: prefill donor): what a switch that cannot be undone must keep small
+    #: (``clearly_worth``'s ``final``, asked of decode donors only).
     donor_tail: float = 0.0
 
     @property
@@ -701,10 +701,6 @@ class CapacityModel:
             donor = p_scale * self.prefill_ratio(peak, left.n_prefill)
             donor_before = p_scale * self.prefill_ratio(peak, split.n_prefill)
             donor_busy = p_scale * self.prefill_busy(peak, left.n_prefill)
-            busy_before = p_scale * self.prefill_busy(peak, split.n_prefill)
-            donor_tail = self.queue_miss(peak, donor_busy, left.n_prefill) - self.queue_miss(
-                peak, busy_before, split.n_prefill
-            )
         return Forecast(
             before,
             after,

@@ -55,14 +55,19 @@ class StepTimes:
 
     def factor(self) -> float:
         """Drift times one draw of the noise (no draw when there is no noise)."""
-        sigma = self.noise
-        if sigma <= 0:
+        if self.noise <= 0:
             return self.drift
-        return self.drift * math.exp(self._rng.gauss(0.0, sigma) - 0.5 * sigma * sigma)
+        return self._lognormal(self._rng.gauss(0.0, 1.0))
+
+    def _lognormal(self, z: float) -> float:
+        """Drift times the mean-one log-normal factor of the standard normal draw ``z``."""
+        sigma = self.noise
+        return self.drift * math.exp(sigma * z - 0.5 * sigma * sigma)
 
     def prompt_factor(self, rid: int, attempt: int) -> float:
         """Drift times the noise of one prompt's prefill, drawn from (request, dispatch)
-        alone (``prompt_draw``): the same prompt takes the same time whatever ran before it.
+        alone (``prompt_draw``): the same prompt takes the same time whatever ran before it
+        (without a ``prompt_draw``, the next draw of the shared stream, ``factor``).
 
         Drawn from one stream, every step of any kind shifts the draws of every later
         prefill, so a policy that changed one decode step re-drew the noise of every prompt
@@ -70,20 +75,18 @@ class StepTimes:
         under a 1 s TTFT, 8B/A100, 0.95 s each), FluidToken stole from 2 of 800 requests
         and differed from the static split by -1.25 to +0.75 pp over four noise seeds,
         -0.12 pp without noise: the comparison measured the noise."""
-        sigma = self.noise
-        if sigma <= 0 or self._prompt_draw is None:
+        if self._prompt_draw is None:
+            return self.factor()
+        if self.noise <= 0:
             return self.drift
-        z = self._prompt_draw(rid, attempt)
-        return self.drift * math.exp(sigma * z - 0.5 * sigma * sigma)
+        return self._lognormal(self._prompt_draw(rid, attempt))
 
     def prefill(self, batch: PrefillBatch) -> float:
         """An empty prefix (the whole prompt stolen) takes no time and draws no noise."""
         if batch.prefix_tokens == 0:
             return 0.0
         req = batch.request
-        keyed = self._prompt_draw is not None
-        factor = self.prompt_factor(req.rid, req.reassigned) if keyed else self.factor()
-        return self._prefill.time(batch.prefix_tokens) * factor
+        return self._prefill.time(batch.prefix_tokens) * self.prompt_factor(req.rid, req.reassigned)
 
     def decode(self, batch: DecodeBatch) -> float:
         """One decode step: the batch's iteration plus the stolen suffixes prefilled with it."""
