@@ -252,7 +252,11 @@ class Simulator:
         budgets: Callable[[Sequence[str]], np.ndarray] | None = (
             self._budgets if self._token_cfg.enabled else None
         )
-        batch = w.next_batch(self.now, budgets, self._max_span)
+        # A worker draining by migration moves its streams out at its next iteration boundary
+        # (``_after_change``), so it never runs a span: a stream handed to it mid-drain
+        # decoded to its end in one.
+        draining = w.state is RoleState.DRAIN and w.decode.migrate_on_drain
+        batch = w.next_batch(self.now, budgets, 1 if draining else self._max_span)
         if batch is not None:
             wid = w.worker_id
             self.busy[wid] = batch

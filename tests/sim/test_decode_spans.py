@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 
+from fluidpd.core.fluidrole import FluidRoleConfig, SwitchRule
 from fluidpd.core.scheduler.decode import slack_bank_after, slack_bank_update
 from fluidpd.core.types import SLO
 from fluidpd.profiles import resolve_profile
@@ -20,24 +21,35 @@ SPAN = simulator.MAX_SPAN
 
 
 def _run(
-    monkeypatch: pytest.MonkeyPatch, span: int, workload: str, rps: float, policy: str
+    monkeypatch: pytest.MonkeyPatch,
+    span: int,
+    workload: str,
+    rps: float,
+    policy: str,
+    rule: SwitchRule = SwitchRule.PREDICTIVE,
 ) -> simulator.SimResult:
     monkeypatch.setattr(simulator, "MAX_SPAN", span)
     profile = resolve_profile("llama-3.1-8b", "a100-80gb", None)
     w = build_workload(workload, rps, context_limit=profile.context_limit, num_requests=300)
-    cfg = SimConfig(profile, SLO(2.0, 0.1), 2, 2, mechanisms=MECHANISMS[policy])
+    role = FluidRoleConfig(switch_rule=rule)
+    cfg = SimConfig(profile, SLO(2.0, 0.1), 2, 2, mechanisms=MECHANISMS[policy], role_cfg=role)
     return simulate(w, cfg)
 
 
 @pytest.mark.parametrize(
-    ("workload", "rps", "policy"),
-    [("long-chat-poisson", 1.0, "fluidpd"), ("synthetic", 12.0, "fluidpd")],
+    ("workload", "rps", "policy", "rule"),
+    [
+        ("long-chat-poisson", 1.0, "fluidpd", SwitchRule.PREDICTIVE),
+        ("synthetic", 12.0, "fluidpd", SwitchRule.PREDICTIVE),
+        # A D->P drain by migration while a prompt for the worker is still in prefill.
+        ("long-chat-poisson", 1.5, "fluidpd", SwitchRule.PAPER),
+    ],
 )
 def test_spans_match_per_iteration_simulation(
-    monkeypatch: pytest.MonkeyPatch, workload: str, rps: float, policy: str
+    monkeypatch: pytest.MonkeyPatch, workload: str, rps: float, policy: str, rule: SwitchRule
 ) -> None:
-    one = _run(monkeypatch, 1, workload, rps, policy)
-    many = _run(monkeypatch, SPAN, workload, rps, policy)
+    one = _run(monkeypatch, 1, workload, rps, policy, rule)
+    many = _run(monkeypatch, SPAN, workload, rps, policy, rule)
     assert many.events < one.events / 2
     for a, b in zip(one.requests, many.requests, strict=True):
         assert a.failed == b.failed
