@@ -491,8 +491,8 @@ class FluidRolePolicy:
             if pool <= keep or (source is Role.DECODE and not decode_may_give):
                 continue
             f = self._forecast(now, p, demand, source)
-            if self._worth(now, f, p, source) and f.gain - f.cost > best_net:
-                best, best_net = rec, f.gain - f.cost
+            if self._worth(now, f, p, source) and f.net > best_net:
+                best, best_net = rec, f.net
         return best
 
     def _predictive(self, demand: Demand | None) -> bool:
