@@ -990,10 +990,16 @@ def clearly_worth(
     87.6 %; 99.4 % switching at 64 s, 1P3D 99.8 %). So where the split kept misses less
     than a request over the horizon at the lower bound, the gain may be counted at the
     window's rate (``Forecast.at_mean``), for a switch that loses nothing beyond the noise
-    at the lower bound, keeps its donor up at the peak, and whose receiving phase has been
-    observed (``receiver_observed``). Without the first condition a D->P switch whose saving
-    at the lower bound was inside the noise went (74.5 -> 69.4 %); without the last, a P->D
-    switch went 7 s into a trace on the decode model alone (56.5 -> 46.0 %)."""
+    at the lower bound, keeps its donor up at the peak, is not ``final``, and whose two
+    phases' forecasts rest on their own observation (``receiver_observed``,
+    ``donor_observed``). Without the first condition a D->P switch whose saving at the lower
+    bound was inside the noise went (74.5 -> 69.4 %); without the receiver's observation, a
+    P->D switch went 7 s into a trace on the decode model alone (56.5 -> 46.0 %); without the
+    donor's, a second D->P switch went 5 s after the first, before the decode pool it left
+    had settled, and the output mix shift that followed saturated its one decode worker
+    (stress draw 4, cell 148: 94.9 -> 58.9 %); as the budget's last switch, a second D->P
+    switch was right for the 50 s until outputs grew 2.6-fold and wrong for the rest, with
+    no undo left (stress draw 4, cell 5: 89.7 -> 73.6 %)."""
     if math.isnan(f.gain) or math.isnan(f.cost) or math.isnan(f.donor_after):
         return False
     if final and f.donor_tail > margin:
@@ -1010,7 +1016,9 @@ def clearly_worth(
     return (
         keeps_up
         and blind
+        and not final
         and f.receiver_observed
+        and f.donor_observed
         and mean is not None
         and gain_clear(mean, margin)
         and not f.loses_at_low

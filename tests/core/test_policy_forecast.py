@@ -918,7 +918,7 @@ def test_a_gain_at_the_windows_rate_counts_where_the_lower_bound_loses_nothing()
     # one misses 4 % of 100 arrivals and the other none.
     f = Forecast(0.5, 0.3, 0.5, 1.0, 0.0, 0.0, 0.5, 0.0, 0.0, 0.0, 60.0, horizon_s=120.0)
     f = replace(f, mean_loss_before=0.04, mean_loss_during=0.04, mean_arrivals=100.0)
-    f = replace(f, receiver_observed=True)
+    f = replace(f, receiver_observed=True, donor_observed=True)
     assert f.gain == 0.0 and not f.loses_at_low
     mean = f.at_mean
     assert mean is not None and math.isclose(mean.gain, 4.8) and math.isclose(mean.cost, 0.04)
@@ -929,11 +929,14 @@ def test_a_gain_at_the_windows_rate_counts_where_the_lower_bound_loses_nothing()
     assert worse.loses_at_low and not clearly_worth(worse, 0.1)
     assert not clearly_worth(replace(f, mean_arrivals=10.0), 0.1)
     # Nor where the lower bound sees the split kept miss a request (it tells the splits
-    # apart, and shows no clear gain), or the phase that would get the worker has not been
-    # observed (its forecast is the model's alone).
+    # apart, and shows no clear gain), or either phase has not been observed (its forecast
+    # is the model's alone).
     seen = replace(f, loss_before=1.5 / 60.0, loss_after=1.5 / 60.0)
     assert not seen.loses_at_low and not clearly_worth(seen, 0.1)
     assert not clearly_worth(replace(f, receiver_observed=False), 0.1)
+    assert not clearly_worth(replace(f, donor_observed=False), 0.1)
+    # Nor for the budget's last switch, which no undo could follow.
+    assert not clearly_worth(f, 0.1, final=True) and clearly_worth(f, 0.1, final=False)
     # Without a forecast at the window's rate only the lower bound counts.
     alone = replace(f, mean_arrivals=0.0)
     assert alone.at_mean is None and not clearly_worth(alone, 0.1) and alone.net == 0.0
