@@ -83,7 +83,10 @@ class ControllerEvent:
 
 
 def forecast_detail(f: Forecast) -> dict[str, Any]:
-    """A forecast as an event's detail (bottleneck ratios, overloaded seconds, drain s)."""
+    """A forecast as an event's detail (bottleneck ratios, overloaded seconds, drain s; the
+    gain and cost counted at the window's rate too, which may decide where the rate's lower
+    bound is blind)."""
+    mean = f.at_mean
     return {
         "before": round(f.before, 4),
         "after": round(f.after, 4),
@@ -91,6 +94,8 @@ def forecast_detail(f: Forecast) -> dict[str, Any]:
         "donor_after": round(f.donor_after, 4),
         "gain": round(f.gain, 3),
         "cost": round(f.cost, 3),
+        "gain_at_rate": None if mean is None else round(mean.gain, 3),
+        "cost_at_rate": None if mean is None else round(mean.cost, 3),
         "drain_s": round(f.drain_s, 3),
     }
 

@@ -102,6 +102,7 @@ def test_a_mismatched_split_is_switched_on_the_forecast(profile: Profile) -> Non
     assert (started[0].detail["from"], started[0].detail["to"]) == ("decode", "prefill")
     forecast = started[0].detail["forecast"]
     assert forecast["gain"] > forecast["cost"] and forecast["after"] < forecast["before"]
+    assert forecast["gain_at_rate"] > forecast["cost_at_rate"]
     assert ctl.role.last_demand is not None and ctl.role.last_demand.prompt == 4500
 
 
@@ -116,6 +117,8 @@ def test_a_matched_split_is_declined(profile: Profile) -> None:
     assert "switch-started" not in kinds and not ctl.posted
     declined = [e for e in ctl.events if e.kind == "switch-declined"]
     assert declined and declined[0].detail["gain"] == 0.0
+    # Nor is there a gain at the window's rate itself (the lower bound is not all it read).
+    assert declined[0].detail["gain_at_rate"] == 0.0
     assert declined[0].detail["direction"] == "decode->prefill"
     # The paper rule, on the same pressure, switches.
     paper = Controller(_fleet(2, 2, 0.5), cfg=cfg)
