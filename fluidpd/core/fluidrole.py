@@ -299,6 +299,9 @@ class FluidRolePolicy:
     last_recommendation: Recommendation = Recommendation.NONE
     last_forecast: Forecast | None = None
     _starts: deque[float] = field(default_factory=deque)
+    #: When the switches in the budget's window finished: flapping is counted by when
+    #: switches end, and a drain can outlast the next switch's.
+    _ends: deque[float] = field(default_factory=deque)
     _check: _Check | None = None
     _undo_due: _Check | None = None
     #: A checked switch still watched until the end of its reversal cooldown (``_watch``),
@@ -503,10 +506,19 @@ class FluidRolePolicy:
         )
 
     def _budget_left(self, now: float) -> bool:
-        """Anti-flap budget: fewer than ``switch_budget`` switches started in the window."""
-        while self._starts and self._starts[0] <= now - self.cfg.budget_window_s:
-            self._starts.popleft()
-        return self.cfg.switch_budget == 0 or len(self._starts) < self.cfg.switch_budget
+        """Anti-flap budget: fewer than ``switch_budget`` switches started, and fewer ended,
+        in the window."""
+        return self.cfg.switch_budget == 0 or self._in_window(now) < self.cfg.switch_budget
+
+    def _in_window(self, now: float) -> int:
+        """Switches in the budget's window: the more of those that started and those that
+        ended in it. Counted by starts alone, a switch whose drain took 1.85 s and a switch
+        started 600 s after the one before it (ending 0.05 s later) put three ends in 600 s
+        (an hour-long trace of phases, 8 workers)."""
+        for times in (self._starts, self._ends):
+            while times and times[0] <= now - self.cfg.budget_window_s:
+                times.popleft()
+        return max(len(self._starts), len(self._ends))
 
     def _commit(
         self,
@@ -642,7 +654,7 @@ class FluidRolePolicy:
             return False
         budget = self.cfg.switch_budget
         reverses = self._last_direction is Recommendation.P_TO_D
-        final = budget > 0 and self._budget_left(now) and len(self._starts) + 1 >= budget
+        final = budget > 0 and self._budget_left(now) and self._in_window(now) + 1 >= budget
         return final and not reverses
 
     def _reversal_gate(
@@ -706,6 +718,7 @@ class FluidRolePolicy:
             self._switching = None
         self._cooldown_until = now + self.cfg.cooldown_s
         self._last_switch_end = now
+        self._ends.append(now)
         self._windows.pop(worker, None)
         if self._check is not None and self._check.at == math.inf:
             c = self._check

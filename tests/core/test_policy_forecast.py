@@ -366,6 +366,20 @@ def test_switch_budget_limits_switches_per_window() -> None:
     assert isinstance(later, SwitchDecision)
 
 
+def test_switch_budget_counts_switches_by_when_they_end_too() -> None:
+    # Flapping is counted by when switches end: a switch whose drain took 10 s holds the
+    # budget until 600 s after its end, not its start.
+    cfg = FluidRoleConfig(n_persist=1, cooldown_s=0.0, reversal_cooldown_s=0.0, switch_budget=1)
+    policy = FluidRolePolicy(cfg, None)
+    first = policy.observe(0.0, fleet(2, 4, 3.0, 0.05, 0.05))
+    assert isinstance(first, SwitchDecision)
+    policy.switch_finished(first.worker, 10.0)
+    early = policy.observe(cfg.budget_window_s + 5.0, fleet(3, 3, 3.0, 0.05, 0.05))
+    assert not isinstance(early, SwitchDecision)
+    later = policy.observe(cfg.budget_window_s + 11.0, fleet(3, 3, 3.0, 0.05, 0.05))
+    assert isinstance(later, SwitchDecision)
+
+
 def test_headroom_is_relative_to_prompt_and_slo() -> None:
     assert prefill_headroom(0.1, 2.0) > prefill_headroom(0.7, 2.0) > prefill_headroom(0.7, 1.0)
     assert prefill_headroom(2.5, 2.0) == 0.0
