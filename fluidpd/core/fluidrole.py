@@ -449,7 +449,8 @@ class FluidRolePolicy:
             value = max(value, p.dpi_adm_bar + self.model.waiting_kv(demand, p.decode_waiting))
         seen = self._decode_seen
         seen.append((now, value))
-        while seen[0][0] < max(now - DECODE_HISTORY_S, self._last_switch_end):
+        # ``seen`` may empty: a wall clock stepped back puts ``now`` before the last switch.
+        while seen and seen[0][0] < max(now - DECODE_HISTORY_S, self._last_switch_end):
             seen.popleft()
 
     def _decode_observed(self, now: float, span_s: float) -> float | None:

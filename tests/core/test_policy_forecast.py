@@ -355,28 +355,20 @@ def test_clustered_arrivals_count_as_fewer_samples() -> None:
     assert Demand(6.1, 1000, 100, 0.1, 180, False, arrival_cv2=9.0).reliable
 
 
-def test_switch_budget_limits_switches_per_window() -> None:
+@pytest.mark.parametrize("drain_s", [1.0, 10.0])
+def test_switch_budget_limits_switches_per_window(drain_s: float) -> None:
+    # The budget counts a switch from its start and from its end (flapping is counted by when
+    # switches end): one that drained 10 s holds the budget until 600 s after its end.
     cfg = FluidRoleConfig(n_persist=1, cooldown_s=0.0, reversal_cooldown_s=0.0, switch_budget=1)
     policy = FluidRolePolicy(cfg, None)
     first = policy.observe(0.0, fleet(2, 4, 3.0, 0.05, 0.05))
     assert isinstance(first, SwitchDecision)
-    policy.switch_finished(first.worker, 1.0)
-    assert not isinstance(policy.observe(2.0, fleet(3, 3, 3.0, 0.05, 0.05)), SwitchDecision)
-    later = policy.observe(cfg.budget_window_s + 1.0, fleet(3, 3, 3.0, 0.05, 0.05))
-    assert isinstance(later, SwitchDecision)
-
-
-def test_switch_budget_counts_switches_by_when_they_end_too() -> None:
-    # Flapping is counted by when switches end: a switch whose drain took 10 s holds the
-    # budget until 600 s after its end, not its start.
-    cfg = FluidRoleConfig(n_persist=1, cooldown_s=0.0, reversal_cooldown_s=0.0, switch_budget=1)
-    policy = FluidRolePolicy(cfg, None)
-    first = policy.observe(0.0, fleet(2, 4, 3.0, 0.05, 0.05))
-    assert isinstance(first, SwitchDecision)
-    policy.switch_finished(first.worker, 10.0)
-    early = policy.observe(cfg.budget_window_s + 5.0, fleet(3, 3, 3.0, 0.05, 0.05))
+    policy.switch_finished(first.worker, drain_s)
+    soon = policy.observe(drain_s + 1.0, fleet(3, 3, 3.0, 0.05, 0.05))
+    assert not isinstance(soon, SwitchDecision)
+    early = policy.observe(cfg.budget_window_s + drain_s - 0.5, fleet(3, 3, 3.0, 0.05, 0.05))
     assert not isinstance(early, SwitchDecision)
-    later = policy.observe(cfg.budget_window_s + 11.0, fleet(3, 3, 3.0, 0.05, 0.05))
+    later = policy.observe(cfg.budget_window_s + drain_s + 1.0, fleet(3, 3, 3.0, 0.05, 0.05))
     assert isinstance(later, SwitchDecision)
 
 
@@ -1091,3 +1083,12 @@ def test_a_receiver_is_observed_where_its_own_pressure_calibrates_the_forecast()
     assert not MODEL.forecast(d, split, Role.PREFILL, 120.0, True).receiver_observed
     assert MODEL.forecast(d, split, Role.DECODE, 120.0, True, None, 0.5, 0.4).receiver_observed
     assert not MODEL.forecast(d, split, Role.DECODE, 120.0, True, 0.8, 0.5).receiver_observed
+
+
+def test_a_wall_clock_stepped_back_is_survived() -> None:
+    # The live controller's clock is the wall clock: an observation dated before the last
+    # switch's end (NTP stepped it back) must not break the decode history.
+    policy = FluidRolePolicy(CFG, MODEL)
+    policy.switch_finished("p0", 100.0)
+    result = policy.observe(50.0, fleet(2, 2, 0.1, 0.1, 0.1), demand(1.0, 1000, 100))
+    assert not isinstance(result, SwitchDecision)
