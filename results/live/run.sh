@@ -162,3 +162,18 @@ fluidpd evaluate --workload azure-mixed --rps 20 --num-requests 2000 --pd 4P4D \
 # Result: static 77.7 %, FluidPD 95.5 % live (+17.8 pp; simulated 78.6 / 96.0 %).
 # The controller declined two D->P proposals and took two (4P4D -> 6P2D, PPI 75 and 68).
 # FluidPD >= static - 1 pp holds on both.
+
+# Issue #14 at 8a80da0 (the simulator's drain fix, the gain counted at the window's rate where
+# the rate's lower bound is blind; 85d685d's budget change cannot move either run, neither
+# switches three times), run with --out /tmp/live-long9 and /tmp/live-azure9 while robustness
+# runs and results/sim/run.sh shared the 2-core machine (load average 4-7.5), and copied
+# (admin tokens and pid files left out).
+fluidpd evaluate --workload long-chat-poisson --rps 4 --num-requests 240 --pd 4P4D \
+  --policies static,fluidpd --seed 0 --out results/live/long-chat-poisson-240-4rps-2026-12-05
+# Result: static 96.7 %, FluidPD 99.6 % live (+2.9 pp; simulated 97.1 / 99.2 %).
+# The controller took one forecast D->P switch (PPI 0.61; up-fluidpd/controller.log).
+fluidpd evaluate --workload azure-mixed --rps 20 --num-requests 2000 --pd 4P4D \
+  --policies static,fluidpd --seed 0 --out results/live/azure-mixed-2000-20rps-2026-12-05
+# Result: static 77.0 %, FluidPD 95.6 % live (+18.6 pp; simulated 78.6 / 98.2 %).
+# The controller declined one D->P proposal and took two (4P4D -> 6P2D, PPI 1.78 and 1.77).
+# FluidPD >= static - 1 pp holds on both.
