@@ -655,8 +655,7 @@ class FluidRolePolicy:
             return False
         budget = self.cfg.switch_budget
         reverses = self._last_direction is Recommendation.P_TO_D
-        final = budget > 0 and self._budget_left(now) and self._in_window(now) + 1 >= budget
-        return final and not reverses
+        return budget > 0 and self._in_window(now) == budget - 1 and not reverses
 
     def _reversal_gate(
         self, rec: Recommendation, p: PoolPressure, now: float, demand: Demand | None = None

@@ -291,10 +291,17 @@ class Forecast:
         the rate's lower bound (None where that was not forecast)."""
         if self.mean_arrivals <= 0 or self.horizon_s <= 0:
             return None
+        gain, cost = gain_and_cost(
+            self.horizon_s,
+            self.drain_s,
+            self.mean_loss_before,
+            self.mean_loss_after,
+            self.mean_loss_during,
+        )
         return replace(
             self,
-            gain=self.horizon_s * (self.mean_loss_before - self.mean_loss_after),
-            cost=self.drain_s * max(0.0, self.mean_loss_during - self.mean_loss_after),
+            gain=gain,
+            cost=cost,
             loss_before=self.mean_loss_before,
             loss_after=self.mean_loss_after,
             loss_during=self.mean_loss_during,
@@ -307,6 +314,16 @@ class Forecast:
         (how ``clearly_worth``'s two ways to win are ranked against each other)."""
         mean = self.at_mean
         return max(self.gain - self.cost, -math.inf if mean is None else mean.gain - mean.cost)
+
+
+def gain_and_cost(
+    horizon_s: float, drain_s: float, before: float, after: float, during: float
+) -> tuple[float, float]:
+    """A switch's gain and cost in overloaded seconds, from the SLO losses of the split kept
+    (``before``), the split after it and the split during its drain: against keeping the
+    split, the horizon at the new split's loss instead of the old one's, except the drain,
+    which runs at the during-split's loss."""
+    return horizon_s * (before - after), drain_s * max(0.0, during - after)
 
 
 def loses(before: float, after: float, arrivals: float) -> bool:
@@ -720,10 +737,13 @@ class CapacityModel:
         loss_before = self.loss(low, split, scale, p_scale)
         loss_after = self.loss(low, split.after(source), scale, p_scale)
         loss_during = self.loss(low, split.during(source), scale, p_scale)
-        # Against keeping the split: the horizon at the new split's loss instead of the old
-        # one's, except the drain, which runs at the during-split's loss.
-        gain = horizon_s * (loss_before - loss_after)
-        cost = drain * max(0.0, loss_during - loss_after)
+        gain, cost = gain_and_cost(horizon_s, drain, loss_before, loss_after, loss_during)
+        # Whether each phase's forecast rests on its own observation: a settled decode reading,
+        # the prefill workers' busy fraction.
+        observed = {
+            Role.DECODE: observed_decode is not None,
+            Role.PREFILL: observed_busy is not None,
+        }
         peak, left = d.burst, split.after(source)
         # ``donor_keeps_up``'s reading of a prefill donor; a decode donor has only its ratio.
         donor_before, donor_busy, donor_tail = 0.0, math.inf, 0.0
@@ -761,7 +781,7 @@ class CapacityModel:
             self.bottleneck(d, left, scale, p_scale),
             self.bottleneck(peak, split, scale, p_scale),
             max(donor, self.bottleneck(peak, left, scale, p_scale)),
-            (observed_decode if source is Role.DECODE else observed_busy) is not None,
+            observed[source],
             self.loss(peak, split, scale, p_scale),
             self.loss(peak, left, scale, p_scale),
             donor_before=donor_before,
@@ -769,8 +789,7 @@ class CapacityModel:
             peak_arrivals=peak.rate * horizon_s,
             donor_tail=donor_tail,
             horizon_s=horizon_s,
-            receiver_observed=(observed_busy if source is Role.DECODE else observed_decode)
-            is not None,
+            receiver_observed=observed[source.other],
             mean_loss_before=self.loss(d, split, scale, p_scale),
             mean_loss_after=self.loss(d, left, scale, p_scale),
             mean_loss_during=self.loss(d, split.during(source), scale, p_scale),
