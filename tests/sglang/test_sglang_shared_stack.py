@@ -303,6 +303,9 @@ def test_observables_under_load(up: Up) -> None:
     """/pressure and /metrics read SGLang's scheduler through the hook while it works; the
     prefill workers hold their queues in FluidToken's planner (forced to beta = 0 here)."""
     client = AsyncOpenAI(base_url=f"{up.router}/v1", api_key=TOKEN, max_retries=0)
+    # Streams long enough to overlap on the decode worker: at 64 tokens the prompts' prefills
+    # on a loaded CI machine came one after another's stream had ended (batch 1 throughout).
+    out_tokens = 192
     seen: dict[str, list[dict[str, object]]] = {"p": [], "d": []}
     urls = {"p": [up.workers[w] for w in PREFILL], "d": [up.workers[DECODE]]}
 
@@ -310,7 +313,7 @@ def test_observables_under_load(up: Up) -> None:
         async def one(i: int) -> int:
             ids = [(i * 37 + j * 13) % 900 + 20 for j in range(300)]
             r = await client.completions.create(model="llama-3.1-8b", prompt=[ids],
-                                                max_tokens=64, temperature=0,
+                                                max_tokens=out_tokens, temperature=0,
                                                 extra_body={"ignore_eos": True})  # fmt: skip
             assert r.usage is not None
             return r.usage.completion_tokens
@@ -331,7 +334,7 @@ def test_observables_under_load(up: Up) -> None:
 
     with _forced(up, 0.0):
         tokens = asyncio.run(load())
-    assert tokens == [64] * 6  # nothing lost
+    assert tokens == [out_tokens] * 6  # nothing lost
     d, p = seen["d"], seen["p"]
     assert max(int(x["batch"]) for x in d) >= 2  # type: ignore[call-overload]
     assert max(int(x["kv_used"]) for x in d) >= 300  # type: ignore[call-overload]
