@@ -1,5 +1,7 @@
 #!/bin/sh
 # Live-stack results (run from the repository root). Each command records itself in its JSON.
+# The stack's logs in each run's up-*/ folders are kept gzipped (*.log.gz, read with zcat):
+# 408 logs took 31.8 MB, which kept the tracked tree over what one device call carries (64 MiB).
 set -eu
 
 # Live vs simulator on the same slice: 2,000 requests of azure-mixed at 20 req/s, 4P4D,
