@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -85,7 +86,8 @@ class ControllerEvent:
 def forecast_detail(f: Forecast) -> dict[str, Any]:
     """A forecast as an event's detail (bottleneck ratios, overloaded seconds, drain s; the
     gain and cost counted at the window's rate too, which may decide where the rate's lower
-    bound is blind)."""
+    bound is blind; the donor's load ratio there, which may let a split past capacity trade
+    its overload)."""
     mean = f.at_mean
     return {
         "before": round(f.before, 4),
@@ -96,6 +98,7 @@ def forecast_detail(f: Forecast) -> dict[str, Any]:
         "cost": round(f.cost, 3),
         "gain_at_rate": None if mean is None else round(mean.gain, 3),
         "cost_at_rate": None if mean is None else round(mean.cost, 3),
+        "donor_at_rate": round(f.donor_at_rate, 4) if math.isfinite(f.donor_at_rate) else None,
         "drain_s": round(f.drain_s, 3),
     }
 

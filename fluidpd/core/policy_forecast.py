@@ -253,6 +253,9 @@ class Forecast:
     mean_loss_after: float = 0.0
     mean_loss_during: float = 0.0
     mean_arrivals: float = 0.0
+    #: The donor phase's load ratio after the switch at the window's rate itself (inf: not
+    #: forecast); see ``overload_traded``.
+    donor_at_rate: float = math.inf
 
     @property
     def saved(self) -> float:
@@ -748,6 +751,9 @@ class CapacityModel:
         # ``donor_keeps_up``'s reading of a prefill donor; a decode donor has only its ratio.
         donor_before, donor_busy, donor_tail = 0.0, math.inf, 0.0
         if source is Role.DECODE:
+            at_rate = scale * self.decode_ratio(
+                d, left.n_decode, self.prefill_wait(d, left.n_prefill, p_scale)
+            )
             # A prefill pool still over capacity after the switch hands its excess to the
             # decode workers (FluidToken steals suffixes up to their TPOT budget, and queued
             # requests hold the decode KV reserved at dispatch), which eq. (13) does not see.
@@ -763,6 +769,7 @@ class CapacityModel:
                 peak, split.n_decode, scale, kept
             )
         else:
+            at_rate = p_scale * self.prefill_ratio(d, left.n_prefill)
             donor = p_scale * self.prefill_ratio(peak, left.n_prefill)
             donor_before = p_scale * self.prefill_ratio(peak, split.n_prefill)
             donor_busy = p_scale * self.prefill_busy(peak, left.n_prefill)
@@ -794,6 +801,7 @@ class CapacityModel:
             mean_loss_after=self.loss(d, left, scale, p_scale),
             mean_loss_during=self.loss(d, split.during(source), scale, p_scale),
             mean_arrivals=d.rate * horizon_s,
+            donor_at_rate=at_rate,
         )
 
 
@@ -1073,23 +1081,37 @@ def donor_keeps_up(f: Forecast) -> bool:
 def overload_traded(f: Forecast, margin: float) -> bool:
     """Whether a switch that takes its donor past capacity at the recent peak rate is still
     worth it: the split kept is past capacity even at the lower bound of the rate
-    (``before >= 1``), the split after the switch is within capacity at the window's own rate
-    (``at_rate_after < 1``), the switch lowers the worst phase's load at the peak rate by the
+    (``before >= 1``), the split after the switch is within capacity at the window's own
+    rate (``at_rate_after < 1``) or, where its receiver is not, its donor is by the margin
+    (``donor_at_rate``), the switch lowers the worst phase's load at the peak rate by the
     margin, and the donor's forecast rests on its own observation (``donor_observed``).
 
     Keeping a split that fails at any rate the window allows (a mix shift half-way to outputs
     2.2 times longer left 6P2D with its decode KV full) to spare a donor that only the peak
-    takes past capacity is the larger loss. Where the split after the switch fails at the
-    window's rate too, trading one overload for the other only flips between them, and the
-    lower bound of the rate alone does not say it holds: with 36 arrivals of 9K-token chats
-    it was half the rate, and the trade moved the last-but-one decode worker of a long-chat
-    deployment to prefill (28.5 -> 8.7 %). The trade rests on the model's comparison of two
-    phases' overloads, which ``clearly_worth`` does not trust alone, so both phases must be
-    observed: the receiver saturated (the caller's ``receiver_starved``), the donor's
-    forecast calibrated by its own pressure."""
+    takes past capacity is the larger loss. Where the donor fails at the window's rate after
+    the switch, trading one overload for the other only flips between them, and the lower
+    bound of the rate alone does not say it holds: with 36 arrivals of 9K-token chats it was
+    half the rate, and the trade moved the last-but-one decode worker of a long-chat
+    deployment to prefill (28.5 -> 8.7 %). The split after the switch need not be within
+    capacity at the window's rate, though: where only its receiver is past it there, the switch
+    relieves the phase that fails and flips nothing. Asked of the whole split, the P->D switch
+    of long generations of long prompts in bursts at 2.2x the mean (Qwen3-30B-A3B/A100, 2P2D,
+    1.1 req/s) came at 453 s of a 726 s trace, with 2P2D's decode pool at 0.9-5.3 times its
+    capacity at the rate's lower bound and 10-76 requests waiting for its KV while the two
+    prefill workers were busy 6-29 % of the time; 1P3D was past capacity too, in its decode pool
+    alone, and served more (static 16.4 %, FluidPD 22.9 %; switching at 81 s, 38.3 %; the
+    oracle's 1P3D 38.1 %). The donor must clear its capacity there by the margin, since the
+    forecast has an error: a prefill donor left at 0.99 of its capacity at the rate by a P->D
+    switch of long chats (Qwen3-30B-A3B/A100, 4 workers) lost 1.4 pp against the 2P2D it left,
+    and with the margin no cell of the matrix's three seeds is below static - 1 pp or quickly
+    reversed that was not before. The trade rests on the
+    model's comparison of two phases' overloads, which ``clearly_worth`` does not trust alone,
+    so both phases must be observed: the receiver saturated (the caller's
+    ``receiver_starved``), the donor's forecast calibrated by its own pressure."""
     return (
         f.donor_observed
-        and f.before >= 1.0 > f.at_rate_after
+        and f.before >= 1.0
+        and (f.at_rate_after < 1.0 or f.donor_at_rate * (1.0 + margin) <= 1.0)
         # Both infinite (no split carries the peak) is no fall.
         and math.isfinite(f.burst_after)
         and f.burst_after * (1.0 + margin) <= f.burst_before

@@ -103,6 +103,8 @@ def test_a_mismatched_split_is_switched_on_the_forecast(profile: Profile) -> Non
     forecast = started[0].detail["forecast"]
     assert forecast["gain"] > forecast["cost"] and forecast["after"] < forecast["before"]
     assert forecast["gain_at_rate"] > forecast["cost_at_rate"]
+    # The decode donor left at the window's rate: two of three workers carry the streams.
+    assert 0.0 < forecast["donor_at_rate"] < 1.0
     assert ctl.role.last_demand is not None and ctl.role.last_demand.prompt == 4500
 
 

@@ -770,6 +770,7 @@ def _traded() -> Forecast:
         burst_before=1.3,
         burst_after=1.06,
         donor_observed=True,
+        donor_at_rate=0.95,
     )
 
 
@@ -783,9 +784,18 @@ def test_a_failing_split_is_traded_only_on_the_observation_of_its_starved_phase(
     assert not clearly_worth(replace(f, donor_observed=False), CFG.gain_margin, True)
     # A split kept that is within capacity at the lower bound of the rate.
     assert not overload_traded(replace(f, before=0.99), CFG.gain_margin)
-    # A split after the switch past capacity at the window's own rate: both fail, and trading
-    # one overload for the other only flips between them.
-    assert not overload_traded(replace(f, at_rate_after=1.0), CFG.gain_margin)
+    # A donor past capacity at the window's own rate after the switch: both phases fail, and
+    # trading one overload for the other only flips between them.
+    assert not overload_traded(replace(f, at_rate_after=1.0, donor_at_rate=1.0), CFG.gain_margin)
+    # The receiver still past capacity at the window's rate, the donor clearly within it: the
+    # switch relieves the phase that fails and flips nothing ...
+    assert overload_traded(replace(f, at_rate_after=1.4, donor_at_rate=0.6), CFG.gain_margin)
+    # ... but a donor within capacity there by less than the margin may flip it.
+    assert not overload_traded(replace(f, at_rate_after=1.4, donor_at_rate=0.95), CFG.gain_margin)
+    # A donor not forecast at the window's rate is not taken to keep up there.
+    assert not overload_traded(
+        replace(f, at_rate_after=1.4, donor_at_rate=math.inf), CFG.gain_margin
+    )
     # The peak's worst phase must fall by the margin.
     assert not overload_traded(replace(f, burst_after=1.25), CFG.gain_margin)
 
@@ -838,6 +848,18 @@ def test_the_forecast_counts_the_loss_at_the_peak_rate() -> None:
     assert d.burst.rate == 4.5
     assert f.peak_loss_before == MODEL.loss(d.burst, Split(5, 3))
     assert f.peak_loss_after == MODEL.loss(d.burst, Split(6, 2))
+
+
+def test_the_forecast_reads_the_donor_at_the_window_rate() -> None:
+    # A peak above the window's rate: the donor's ratio there is the donor check's, at the
+    # window's rate it is what ``overload_traded`` asks to stay within capacity.
+    d = Demand(3.0, 8000, 400, float(MODEL.prefill.time(8000)), 500, True, 4.5)
+    f = MODEL.forecast(d, Split(5, 3), Role.DECODE, 120.0, True)
+    queued = MODEL.prefill_wait(d, 6)
+    assert f.donor_at_rate == MODEL.decode_ratio(d, 2, queued)
+    assert f.donor_at_rate < f.donor_after
+    g = MODEL.forecast(d, Split(5, 3), Role.PREFILL, 120.0, True)
+    assert g.donor_at_rate == MODEL.prefill_ratio(d, 4) < g.donor_after
 
 
 def test_prompts_dealt_in_turn_wait_less_than_one_queue_of_the_whole_stream() -> None:
