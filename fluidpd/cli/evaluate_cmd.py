@@ -83,10 +83,12 @@ def run(args: argparse.Namespace) -> int:
         run_dir = out / f"up-{policy}"
         with LocalStack(run_dir, args.pd, policy, *model, "--seed", str(args.seed)) as stack:
             print(f"== {policy}: {args.pd} at {stack.endpoint}", flush=True)
+            # The stack's admin token lets the replay read the router's /admin/stats: the
+            # live run's role switches and stolen tokens (without it both read 0).
             _fluidpd(
                 "replay", "--endpoint", stack.endpoint, *slice_args, "--label", policy,
                 "--model-name", args.model, "--gpu", args.gpu, "--pd", args.pd, "--quiet",
-                "--out", str(out / "live"),
+                "--api-key", stack.token, "--out", str(out / "live"),
             )  # fmt: skip
             orphans = stack.stop()
         if orphans:
