@@ -179,3 +179,18 @@ fluidpd evaluate --workload azure-mixed --rps 20 --num-requests 2000 --pd 4P4D \
 # Result: static 77.0 %, FluidPD 95.6 % live (+18.6 pp; simulated 78.6 / 98.2 %).
 # The controller declined one D->P proposal and took two (4P4D -> 6P2D, PPI 1.78 and 1.77).
 # FluidPD >= static - 1 pp holds on both.
+
+# Issue #14, session 2026-12-05 (eighth): the rule of 3dee563 (an overload traded where only the
+# switch's receiver fails) and evaluate's fix of 6d03a78 (the live replay reads the router's
+# /admin/stats, so results.json holds the live role switches and stolen tokens; before it, every
+# live run here recorded 0 of both). Run with --out /tmp/ev-lcp and /tmp/ev-am on a quiet machine
+# (load about 1), copied without admin tokens and pid files, logs gzipped.
+fluidpd evaluate --workload long-chat-poisson --rps 4 --num-requests 240 --pd 4P4D \
+  --policies static,fluidpd --seed 0 --out results/live/long-chat-poisson-240-4rps-2026-12-05b
+# Result: static 97.1 %, FluidPD 99.2 % live (+2.1 pp; simulated 97.1 / 99.2 %), one D->P
+# switch (w5, 0.08 s drain; the simulated run took two).
+fluidpd evaluate --workload azure-mixed --rps 20 --num-requests 2000 --pd 4P4D \
+  --policies static,fluidpd --seed 0 --out results/live/azure-mixed-2000-20rps-2026-12-05b
+# Result: static 78.2 %, FluidPD 97.4 % live (+19.3 pp; simulated 78.7 / 98.3 %), two D->P
+# switches (w5 and w6, 0.24 and 0.25 s drains), 152,622 prompt tokens stolen (simulated 148,089).
+# FluidPD >= static - 1 pp holds on both.
