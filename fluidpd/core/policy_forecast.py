@@ -1104,10 +1104,10 @@ def overload_traded(f: Forecast, margin: float) -> bool:
     forecast has an error: a prefill donor left at 0.99 of its capacity at the rate by a P->D
     switch of long chats (Qwen3-30B-A3B/A100, 4 workers) lost 1.4 pp against the 2P2D it left,
     and with the margin no cell of the matrix's three seeds is below static - 1 pp or quickly
-    reversed that was not before. The trade rests on the
-    model's comparison of two phases' overloads, which ``clearly_worth`` does not trust alone,
-    so both phases must be observed: the receiver saturated (the caller's
-    ``receiver_starved``), the donor's forecast calibrated by its own pressure."""
+    reversed that was not before. The trade rests on the model's comparison of two phases'
+    overloads, which ``clearly_worth`` does not trust alone, so both phases must be observed:
+    the receiver saturated (the caller's ``receiver_starved``), the donor's forecast calibrated
+    by its own pressure."""
     return (
         f.donor_observed
         and f.before >= 1.0
