@@ -650,9 +650,23 @@ class CapacityModel:
         """max(prefill ratio, decode ratio); ``reservations=False`` leaves out the decode KV
         that requests hold while they wait in the prefill queue (the capacity definition the
         robustness suite's rates were first set by)."""
+        return max(self.phase_ratios(d, split, decode_scale, prefill_scale, reservations).values())
+
+    def phase_ratios(
+        self,
+        d: Demand,
+        split: Split,
+        decode_scale: float = 1.0,
+        prefill_scale: float = 1.0,
+        reservations: bool = True,
+    ) -> dict[Role, float]:
+        """Each phase's load ratio on ``split`` (``bottleneck`` is the larger): the prefill
+        pool's, and the decode pool's with the KV held by the prompts its queue holds."""
         queued = self.prefill_wait(d, split.n_prefill, prefill_scale) if reservations else 0.0
-        decode = decode_scale * self.decode_ratio(d, split.n_decode, queued)
-        return max(prefill_scale * self.prefill_ratio(d, split.n_prefill), decode)
+        return {
+            Role.PREFILL: prefill_scale * self.prefill_ratio(d, split.n_prefill),
+            Role.DECODE: decode_scale * self.decode_ratio(d, split.n_decode, queued),
+        }
 
     def fill_seconds(self, d: Demand, n_decode: int) -> float:
         """How long ``n_decode`` decode workers take to reach their steady load from empty: an
@@ -748,12 +762,10 @@ class CapacityModel:
             Role.PREFILL: observed_busy is not None,
         }
         peak, left = d.burst, split.after(source)
+        at_rate = self.phase_ratios(d, left, scale, p_scale)
         # ``donor_keeps_up``'s reading of a prefill donor; a decode donor has only its ratio.
         donor_before, donor_busy, donor_tail = 0.0, math.inf, 0.0
         if source is Role.DECODE:
-            at_rate = scale * self.decode_ratio(
-                d, left.n_decode, self.prefill_wait(d, left.n_prefill, p_scale)
-            )
             # A prefill pool still over capacity after the switch hands its excess to the
             # decode workers (FluidToken steals suffixes up to their TPOT budget, and queued
             # requests hold the decode KV reserved at dispatch), which eq. (13) does not see.
@@ -769,7 +781,6 @@ class CapacityModel:
                 peak, split.n_decode, scale, kept
             )
         else:
-            at_rate = p_scale * self.prefill_ratio(d, left.n_prefill)
             donor = p_scale * self.prefill_ratio(peak, left.n_prefill)
             donor_before = p_scale * self.prefill_ratio(peak, split.n_prefill)
             donor_busy = p_scale * self.prefill_busy(peak, left.n_prefill)
@@ -785,7 +796,7 @@ class CapacityModel:
             loss_after,
             loss_during,
             low.rate * horizon_s,
-            self.bottleneck(d, left, scale, p_scale),
+            max(at_rate.values()),
             self.bottleneck(peak, split, scale, p_scale),
             max(donor, self.bottleneck(peak, left, scale, p_scale)),
             observed[source],
@@ -801,7 +812,7 @@ class CapacityModel:
             mean_loss_after=self.loss(d, left, scale, p_scale),
             mean_loss_during=self.loss(d, split.during(source), scale, p_scale),
             mean_arrivals=d.rate * horizon_s,
-            donor_at_rate=at_rate,
+            donor_at_rate=at_rate[source],
         )
 
 

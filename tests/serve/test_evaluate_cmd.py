@@ -26,5 +26,3 @@ def test_the_live_replay_reads_the_routers_stats(tmp_path: Path) -> None:
     (run,) = json.loads((out / "live" / "results.json").read_text())["runs"]
     assert run["admin_stats"] is True
     assert run["completed"] == 12
-    # The router's counters arrived: FluidToken's, whatever they read on so small a slice.
-    assert isinstance(run["stolen_tokens"], int)
