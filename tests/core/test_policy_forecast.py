@@ -1114,3 +1114,73 @@ def test_a_wall_clock_stepped_back_is_survived() -> None:
     policy.switch_finished("p0", 100.0)
     result = policy.observe(50.0, fleet(2, 2, 0.1, 0.1, 0.1), demand(1.0, 1000, 100))
     assert not isinstance(result, SwitchDecision)
+
+
+LENDING = CapacityModel.from_profile(
+    resolve_profile("llama-3.1-8b", "a100-80gb", None), SLO_, FluidTokenConfig()
+)
+
+
+def test_lending_is_counted_only_where_the_workers_steal() -> None:
+    profile = resolve_profile("llama-3.1-8b", "a100-80gb", None)
+    off = CapacityModel.from_profile(profile, SLO_, FluidTokenConfig(enabled=False))
+    assert MODEL.lending is None and off.lending is None and LENDING.lending is not None
+    d = demand(6.0, 6000, 60)
+    assert MODEL.lent_on(d, Split(2, 6)) == off.lent_on(d, Split(2, 6)) == 0.0
+    assert LENDING.lent_on(d, Split(2, 6)) > 0.0
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    rate=st.floats(0.1, 40.0),
+    prompt=st.floats(50.0, 16000.0),
+    output=st.floats(1.0, 2000.0),
+    n_p=st.integers(1, 6),
+    n_d=st.integers(1, 6),
+)
+def test_lending_is_within_what_the_prefill_pool_hands_on(
+    rate: float, prompt: float, output: float, n_p: int, n_d: int
+) -> None:
+    """One suffix per prompt started, only with another prompt waiting: at most
+    ``n_P rho^2 saved / (T_pre(L) - saved)`` for the longest suffix a decode worker's whole
+    TPOT target runs (``x``), whatever the decode pool."""
+    d = demand(rate, prompt, output)
+    lent = LENDING.lent_on(d, Split(n_p, n_d))
+    assert lent >= 0.0
+    lend = LENDING.lending
+    assert lend is not None
+    x = min(prompt, lend.suffix.max_tokens(lend.eta * SLO_.tpot))
+    whole = float(MODEL.prefill.time(prompt))
+    saved = whole - float(MODEL.prefill.time(prompt - x))
+    rho = min(1.0, MODEL.prefill_busy(d, n_p))
+    assert lent <= n_p * rho**2 * saved / (whole - saved) + 1e-9
+
+
+def test_a_loaded_decode_pool_lends_nothing() -> None:
+    """Eq. (12)'s gate: streams past DPI_load^high of what a worker holds steal nothing,
+    however far past capacity the prefill pool is."""
+    prompt = 8000
+    light, heavy = demand(8.0, prompt, 40), demand(8.0, prompt, 4000)
+    assert LENDING.prefill_ratio(light, 2) > 1.0
+    assert LENDING.lent_on(light, Split(2, 6)) > 0.3
+    assert LENDING.lent_on(heavy, Split(2, 6)) == 0.0
+    # More decode workers share the streams and lend at least as much.
+    assert LENDING.lent_on(light, Split(2, 3)) <= LENDING.lent_on(light, Split(2, 6))
+
+
+def test_only_a_p_to_d_forecast_whose_decode_pool_is_observed_counts_the_lending() -> None:
+    """The prefill donor of a P->D switch is read with the help its decode workers will lend
+    where the decode pool it relieves is observed; a P->D switch whose need is only modelled
+    (a pool still filling) and a D->P switch (weighed past prefill capacity, where the bound
+    overstates the help) are weighed as without FluidToken."""
+    d = demand(4.5, 6000, 60)
+    split = Split(3, 5)
+    observed = 0.5
+    plain = MODEL.forecast(d, split, Role.PREFILL, CFG.horizon_s, True, observed)
+    lent = LENDING.forecast(d, split, Role.PREFILL, CFG.horizon_s, True, observed)
+    assert lent.donor_after < plain.donor_after and lent.after <= plain.after
+    assert plain.donor_after > 1.0 > lent.donor_after
+    for source, seen in ((Role.PREFILL, None), (Role.DECODE, None), (Role.DECODE, observed)):
+        assert repr(LENDING.forecast(d, split, source, CFG.horizon_s, True, seen)) == repr(
+            MODEL.forecast(d, split, source, CFG.horizon_s, True, seen)
+        )
