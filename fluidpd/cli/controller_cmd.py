@@ -18,15 +18,12 @@ from fluidpd.cli.options import (
 )
 from fluidpd.cli.policy_options import (
     add_fluidrole_options,
-    add_fluidtoken_options,
     add_slo_options,
     fluidrole_config,
-    fluidtoken_config,
     slo_config,
 )
 from fluidpd.cli.router_cmd import parse_workers
 from fluidpd.core.fluidrole import FluidRoleConfig
-from fluidpd.core.fluidtoken import FluidTokenConfig
 from fluidpd.core.profile import Profile
 from fluidpd.core.types import SLO
 from fluidpd.profiles import resolve_profile
@@ -74,17 +71,6 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--gpu", default="a100-80gb", help=GPU_HELP)
     p.add_argument("--profile", default=None, help=PROFILE_HELP)
     add_slo_options(p)
-    token = p.add_argument_group(
-        "the workers' FluidToken",
-        "what the workers' sidecars run (their --no-fluidtoken, --eta, ...): the forecast of a "
-        "P->D switch counts the prefill work their decode workers can take over",
-    )
-    token.add_argument(
-        "--no-fluidtoken",
-        action="store_true",
-        help="the workers do not steal (default: they do, as a sidecar does by default)",
-    )
-    add_fluidtoken_options(token)
     add_fluidrole_options(p)
     add_service_options(p, "info")
     p.set_defaults(func=run)
@@ -96,7 +82,6 @@ def run(args: argparse.Namespace) -> int:
     static = parse_workers(args.worker)
     cfg = fluidrole_config(args)
     slo = slo_config(args)
-    token_cfg = fluidtoken_config(args, enabled=not args.no_fluidtoken)
     profile = resolve_profile(args.model, args.gpu, args.profile)
     configure_logging(args.log_level, "controller")
     namespace, _, name = args.deployment.partition("/")
@@ -111,9 +96,7 @@ def run(args: argparse.Namespace) -> int:
         registry = ControllerMetrics()
         metrics = registry.for_deployment(namespace, name)
         start_http_server(args.metrics_port, args.metrics_host, registry=registry.registry)
-    asyncio.run(
-        _main(args.router, static, cfg, args.admin_token or None, metrics, profile, slo, token_cfg)
-    )
+    asyncio.run(_main(args.router, static, cfg, args.admin_token or None, metrics, profile, slo))
     return 0
 
 
@@ -125,7 +108,6 @@ async def _main(
     metrics: DeploymentMetrics | None = None,
     profile: Profile | None = None,
     slo: SLO | None = None,
-    token_cfg: FluidTokenConfig | None = None,
 ) -> None:
     import aiohttp
     import orjson
@@ -150,16 +132,7 @@ async def _main(
 
         demand = DemandFeed(session, router, headers) if router else None
         controller = FluidRoleController(
-            source,
-            cfg,
-            session,
-            token,
-            refresh,
-            metrics,
-            profile=profile,
-            slo=slo,
-            demand=demand,
-            fluidtoken=token_cfg,
+            source, cfg, session, token, refresh, metrics, profile=profile, slo=slo, demand=demand
         )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

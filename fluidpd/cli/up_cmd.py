@@ -370,9 +370,6 @@ def run(args: argparse.Namespace) -> int:
             workers_profile = ModelRef(args.model, args.gpu, args.profile).argv()
             slo = ["--ttft-slo", str(args.ttft_slo), "--tpot-slo", str(args.tpot_slo)]
             ctl = ["controller", "--router", endpoint, *workers_profile, *slo]
-            # The FluidToken the sidecars run: the forecasts count what it lends prefill.
-            ctl += ["--eta", str(args.eta), "--token-dpi-load-high", str(args.token_dpi_load_high)]
-            ctl += [] if mech.fluidtoken else ["--no-fluidtoken"]
             ctl += fluidrole_argv(args)
             ctl += ["--log-level", args.log_level]
             if args.controller_metrics_port:

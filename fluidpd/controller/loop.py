@@ -32,7 +32,6 @@ from fluidpd.core.fluidrole import (
     SwitchRule,
     WorkerSignals,
 )
-from fluidpd.core.fluidtoken import FluidTokenConfig
 from fluidpd.core.policy_forecast import Forecast
 from fluidpd.core.profile import Profile
 from fluidpd.core.role_control import RoleControl
@@ -107,9 +106,7 @@ def forecast_detail(f: Forecast) -> dict[str, Any]:
 class FluidRoleController:
     """``profile`` and ``slo`` (the workers' profile and the deployment's SLO) give the
     predictive rule its capacity model and ``demand`` (the router's arrivals) its demand; the
-    rule needs all three, and without them the controller decides as the paper does.
-    ``fluidtoken`` is the FluidToken the workers run (None: off or not known), whose help to the
-    prefill pool the forecasts of a P->D switch count."""
+    rule needs all three, and without them the controller decides as the paper does."""
 
     def __init__(
         self,
@@ -123,25 +120,18 @@ class FluidRoleController:
         profile: Profile | None = None,
         slo: SLO | None = None,
         demand: ArrivalSource | None = None,
-        fluidtoken: FluidTokenConfig | None = None,
     ) -> None:
         self.source = source
         self.cfg = cfg
         self.demand = demand
-        self.role = RoleControl.create(cfg, profile, slo, fed=demand is not None, token=fluidtoken)
+        self.role = RoleControl.create(cfg, profile, slo, fed=demand is not None)
         self.policy = self.role.policy
         if cfg.enabled and cfg.switch_rule is SwitchRule.PREDICTIVE:
             # Said once, so that nobody takes the live rule for another (issue #14).
             if self.role.predictive:
-                model = self.policy.model
-                lending = model.lending if model is not None else None
                 log.info(
                     "switch rule 'predictive': forecasts from the router's arrivals and the "
-                    "profile's predictors, as the simulator; %s",
-                    "the workers do not steal (FluidToken off)"
-                    if lending is None
-                    else "a P->D forecast counts the prefill work FluidToken's decode workers "
-                    f"take over (eta {lending.eta:g}, DPI_load gate {lending.dpi_load_high:g})",
+                    "profile's predictors, as the simulator"
                 )
             else:
                 missing = "the router's arrivals" if profile and slo else "a profile and SLO"

@@ -33,8 +33,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field, replace
 
-from fluidpd.core.fluidtoken import FluidTokenConfig
-from fluidpd.core.predictors import DecodeIterPredictor, PrefillPredictor, SuffixPredictor
+from fluidpd.core.predictors import DecodeIterPredictor, PrefillPredictor
 from fluidpd.core.profile import Profile
 from fluidpd.core.signals import kv_commitment
 from fluidpd.core.types import SLO, Role
@@ -464,23 +463,6 @@ class DecodeLoad:
 
 
 @dataclass(frozen=True, slots=True)
-class Lending:
-    """What FluidToken lets a decode worker take over from the prefill pool: the extend cost
-    of a suffix there (eq. 16's predictor), eq. (15)'s eta and eq. (12)'s load gate."""
-
-    suffix: SuffixPredictor
-    eta: float
-    dpi_load_high: float
-
-    @classmethod
-    def of(cls, profile: Profile, token: FluidTokenConfig | None) -> Lending | None:
-        """The workers' lending under ``token`` (None: FluidToken off or not known)."""
-        if token is None or not token.enabled:
-            return None
-        return cls(profile.suffix_predictor(), token.eta, token.dpi_load_high)
-
-
-@dataclass(frozen=True, slots=True)
 class CapacityModel:
     """Per-phase load forecasts from one worker's profile (every worker is the same kind)."""
 
@@ -497,15 +479,9 @@ class CapacityModel:
     #: the prefill workers (``Demand.queue_residual``) or takes each worker's arrivals as the
     #: whole stream's (M/G/1, ``Demand.prefill_residual``).
     split_arrivals: bool = True
-    #: FluidToken's prefill help from the decode workers (None: off, or not counted).
-    lending: Lending | None = None
 
     @classmethod
-    def from_profile(
-        cls, profile: Profile, slo: SLO, token: FluidTokenConfig | None = None
-    ) -> CapacityModel:
-        """The model of ``profile``'s workers under ``slo``; ``token``: the FluidToken the
-        decode workers run, whose stealing the prefill forecasts then count."""
+    def from_profile(cls, profile: Profile, slo: SLO) -> CapacityModel:
         return cls(
             profile.prefill_predictor(),
             profile.decode_predictor(),
@@ -515,93 +491,22 @@ class CapacityModel:
             slo,
             profile.switch.to_prefill_ms * 1e-3,
             profile.switch.to_decode_ms * 1e-3,
-            lending=Lending.of(profile, token),
         )
 
     def _residual(self, d: Demand, n_prefill: int) -> float:
         return d.queue_residual(n_prefill) if self.split_arrivals else d.prefill_residual
 
-    def lent_prefill(
-        self, d: Demand, split: Split, decode_scale: float = 1.0, queued_s: float = 0.0
-    ) -> float:
-        """Prefill workers' worth of work that FluidToken's decode workers take over from the
-        prefill pool of ``split`` by running prompt suffixes in their TPOT slack (eqs. 12,
-        14-16); 0 without ``lending``. The smaller of two bounds:
-
-        * what the decode pool can run: a decode worker runs suffixes while its slack bank
-          lasts, so its iterations stretch towards the TPOT target and its streams grow with
-          them (Little's law) until eq. (12)'s gate shuts at DPI_load^high of the streams or
-          KV it holds (or the prompts queued for prefill reserve its KV); of each iteration
-          ``t(n)`` decodes (eq. 13) and the rest extends, a suffix of ``x`` tokens (the most
-          that fits eta times the slack, eqs. 15-16, at most the mean prompt) costing
-          ``T_sfx(x)`` there and saving ``T_pre(L) - T_pre(L - x)`` on the prefill worker;
-        * what the prefill pool hands on: Algorithm 1 plans for the head of a queue, so one
-          suffix per prompt started, and only while another prompt waits behind it (at a
-          start, ``P(N >= 2) = rho^2`` of the pool's busy fraction without the help).
-
-        It is a bound on the help, not the help used: stealing is for prompts that would miss
-        their TTFT, so a pool within capacity uses a few percent of it (1P3D of long chats,
-        Qwen3-30B-A3B/A100, 3 s / 150 ms at 2.08 req/s: 0.64 modelled, 635 tokens a second,
-        about 0.03 prefill workers, stolen), and past capacity the gates and Algorithm 1's
-        choices keep it below the bound (long prompts with short outputs, 8B/A100, 5P3D at
-        7.29 req/s: 1.71 without the rho^2 bound, about 0.4 realised)."""
-        lend = self.lending
-        n_prefill, n_decode = split.n_prefill, split.n_decode
-        if lend is None or d.rate <= 0 or n_decode <= 0 or n_prefill <= 0 or d.prompt < 1:
-            return 0.0
-        load = self.decode_load(d, n_decode, queued_s)
-        rate = decode_scale * load.tokens_per_s
-        if rate <= 0:
-            return 0.0
-        ctx = d.prompt + d.output / 2.0
-        # Extends stretch the iterations, and the streams grow with them (Little's law) until
-        # the gate shuts: the longest mean iteration is the TPOT target's or the gate's. A
-        # worker whose KV the queued prompts' reservations fill admits nothing and lends
-        # nothing (``advertised_budget``).
-        gate = lend.dpi_load_high * min(load.n_tpot, self.kv_capacity / ctx)
-        gate = min(gate, load.slots - load.reserved)
-        if not gate > 0:
-            return 0.0
-        step = min(self.slo.tpot, gate / rate)
-        streams = rate * step
-        decoding = load.per_request * streams + load.a_0
-        if decoding >= step:
-            return 0.0
-        x = min(d.prompt, float(lend.suffix.max_tokens(lend.eta * (self.slo.tpot - decoding))))
-        if x < 1:
-            return 0.0
-        whole = self.prefill.time(d.prompt)
-        saved = whole - self.prefill.time(d.prompt - x)
-        took = n_decode * (1.0 - decoding / step) * saved / lend.suffix.time(x)
-        # A prefill worker hands one suffix on per prompt it starts (Algorithm 1 plans for
-        # the head of its queue), so even with every head donating x tokens its pool's work
-        # only shrinks by saved / whole.
-        handed = n_prefill * saved / max(whole - saved, 1e-9)
-        # ... and only when another prompt waits behind it: at a start, P(N >= 2) = rho^2.
-        handed *= min(1.0, self.prefill_busy(d, n_prefill)) ** 2
-        return min(took, handed)
-
-    def lent_on(
-        self, d: Demand, split: Split, decode_scale: float = 1.0, prefill_scale: float = 1.0
-    ) -> float:
-        """``lent_prefill`` of ``split``, its decode KV reserved by the prompts that the
-        prefill queue would hold without the help."""
-        queued = self.prefill_wait(d, split.n_prefill, prefill_scale)
-        return self.lent_prefill(d, split, decode_scale, queued)
-
-    def prefill_busy(self, d: Demand, n_prefill: int, lent: float = 0.0) -> float:
-        """Busy fraction per prefill worker, ``rate E[T_pre] / n_P`` (inf with none), the work
-        shared with the ``lent`` prefill workers' worth the decode pool takes over
-        (``lent_prefill``)."""
+    def prefill_busy(self, d: Demand, n_prefill: int) -> float:
+        """Busy fraction per prefill worker, ``rate E[T_pre] / n_P`` (inf with none)."""
         if d.rate <= 0:
             return 0.0
         if n_prefill <= 0:
             return math.inf
-        return d.prefill_work / (n_prefill + lent)
+        return d.prefill_work / n_prefill
 
-    def prefill_ratio(self, d: Demand, n_prefill: int, lent: float = 0.0) -> float:
-        """u_P / u_P* for ``n_prefill`` workers helped by ``lent`` (inf with none, or if one
-        prompt alone misses the TTFT budget)."""
+    def prefill_ratio(self, d: Demand, n_prefill: int) -> float:
+        """u_P / u_P* for ``n_prefill`` workers (inf with none, or if one prompt alone misses
+        the TTFT budget)."""
         if d.rate <= 0:
             return 0.0
         if n_prefill <= 0:
@@ -611,17 +516,15 @@ class CapacityModel:
         )
         if headroom <= 0:
             return math.inf
-        return self.prefill_busy(d, n_prefill, lent) / headroom
+        return self.prefill_busy(d, n_prefill) / headroom
 
-    def prefill_wait(
-        self, d: Demand, n_prefill: int, scale: float = 1.0, lent: float = 0.0
-    ) -> float:
+    def prefill_wait(self, d: Demand, n_prefill: int, scale: float = 1.0) -> float:
         """Mean seconds a prompt waits in the prefill queue (Kingman's mean wait for one of
-        ``n_prefill`` workers helped by ``lent``, at the busy fraction times the calibration
-        ``scale``), at most its TTFT budget: past it the prompt
+        ``n_prefill`` workers, at the busy fraction times the calibration ``scale``), at most
+        its TTFT budget: past it the prompt
         is lost to the SLO whatever it waits, which ``prefill_miss`` counts."""
         budget = max(0.0, self.slo.ttft - d.attainable_prefill_s(self.slo.ttft))
-        busy = scale * self.prefill_busy(d, n_prefill, lent)
+        busy = scale * self.prefill_busy(d, n_prefill)
         if busy <= 0:
             return 0.0
         if busy >= 1.0:
@@ -724,15 +627,14 @@ class CapacityModel:
         (``prefill_miss`` of the prefill queue, ``decode_miss`` of the decode pool; 1 past
         capacity) plus the share of demand the bottleneck phase cannot serve,
         ``unserved(B)``, which keeps ordering splits that are all past capacity."""
-        lent = self.lent_on(d, split, decode_scale, prefill_scale)
-        busy = prefill_scale * self.prefill_busy(d, split.n_prefill, lent)
+        busy = prefill_scale * self.prefill_busy(d, split.n_prefill)
         miss = combined_miss(
             self.queue_miss(d, busy, split.n_prefill),
             self.decode_miss(
                 d,
                 split.n_decode,
                 decode_scale,
-                self.prefill_wait(d, split.n_prefill, prefill_scale, lent),
+                self.prefill_wait(d, split.n_prefill, prefill_scale),
             ),
         )
         return miss + unserved(self.bottleneck(d, split, decode_scale, prefill_scale))
@@ -759,12 +661,10 @@ class CapacityModel:
         reservations: bool = True,
     ) -> dict[Role, float]:
         """Each phase's load ratio on ``split`` (``bottleneck`` is the larger): the prefill
-        pool's (with the help its decode workers lend, ``lent_prefill``), and the decode
-        pool's with the KV held by the prompts its queue holds."""
-        lent = self.lent_on(d, split, decode_scale, prefill_scale)
-        queued = self.prefill_wait(d, split.n_prefill, prefill_scale, lent) if reservations else 0.0
+        pool's, and the decode pool's with the KV held by the prompts its queue holds."""
+        queued = self.prefill_wait(d, split.n_prefill, prefill_scale) if reservations else 0.0
         return {
-            Role.PREFILL: prefill_scale * self.prefill_ratio(d, split.n_prefill, lent),
+            Role.PREFILL: prefill_scale * self.prefill_ratio(d, split.n_prefill),
             Role.DECODE: decode_scale * self.decode_ratio(d, split.n_decode, queued),
         }
 
@@ -832,39 +732,13 @@ class CapacityModel:
         first) read the two decode workers left at 0.94 of capacity while the three observed
         ran at 1.5 times the model; 6P2D then missed nearly every request (11.1 % against
         static 36.8 %)."""
-        if self.lending is not None and (source is Role.DECODE or observed_decode is None):
-            # FluidToken's help (``lent_prefill``) is a bound, and only a P->D switch whose
-            # need is measured leans on it: one where the decode pool it relieves is observed.
-            # A decode pool still filling (long outputs, the first minute of a trace) is
-            # forecast from the model alone, and the bound then let through P->D switches of
-            # a prefill donor at 0.99 of its capacity on a deployment the static split served
-            # whole (long generations, 8B/H200, 8 workers: 100 % static, 97.9 % FluidPD).
-            # A D->P switch is weighed where the prefill pool is past capacity, and there the
-            # bound overstates the help stealing gives (long prompts with short outputs,
-            # 8B/A100, 4P4D: 1.42 prefill workers against about 0.8 realised). Counted in
-            # every forecast (without the prefill pool's bound), 241 of the robustness
-            # matrix's 540 cells fell (seed 0, mean -3.3 pp), 115 of them with fewer switches.
-            return replace(self, lending=None).forecast(
-                d,
-                split,
-                source,
-                horizon_s,
-                migrate,
-                observed_decode,
-                observed_prefill,
-                observed_busy,
-                filling_decode,
-            )
-        # The prefill calibration reads the lending at the decode model as it stands: the
-        # decode calibration below rests on the prefill queue's reservations.
-        lent = self.lent_on(d, split)
         p_scale = prefill_scale(
-            self.prefill_ratio(d, split.n_prefill, lent),
+            self.prefill_ratio(d, split.n_prefill),
             observed_prefill,
             observed_busy,
-            self.prefill_busy(d, split.n_prefill, lent),
+            self.prefill_busy(d, split.n_prefill),
         )
-        queued = self.prefill_wait(d, split.n_prefill, p_scale, lent)
+        queued = self.prefill_wait(d, split.n_prefill, p_scale)
         modelled = self.decode_ratio(d, split.n_decode, queued)
         if observed_decode is not None:
             scale = decode_scale(modelled, observed_decode)
@@ -898,27 +772,18 @@ class CapacityModel:
             # Until the decode pool's observation calibrates the model (it lags the demand),
             # such a donor must then hold whatever calibration the observation may bring.
             bound = scale
-            lent_left = self.lent_on(peak, left, scale, p_scale)
-            if (
-                observed_decode is None
-                and p_scale * self.prefill_ratio(peak, left.n_prefill, lent_left) >= 1
-            ):
+            if observed_decode is None and p_scale * self.prefill_ratio(peak, left.n_prefill) >= 1:
                 bound = MAX_SCALE
-            queued = self.prefill_wait(peak, left.n_prefill, p_scale, lent_left)
+            queued = self.prefill_wait(peak, left.n_prefill, p_scale)
             donor = bound * self.decode_demand_ratio(peak, left.n_decode, queued)
-            kept = self.prefill_wait(
-                peak, split.n_prefill, p_scale, self.lent_on(peak, split, scale, p_scale)
-            )
+            kept = self.prefill_wait(peak, split.n_prefill, p_scale)
             donor_tail = self.decode_miss(peak, left.n_decode, bound, queued) - self.decode_miss(
                 peak, split.n_decode, scale, kept
             )
         else:
-            lent_left = self.lent_on(peak, left, scale, p_scale)
-            donor = p_scale * self.prefill_ratio(peak, left.n_prefill, lent_left)
-            donor_before = p_scale * self.prefill_ratio(
-                peak, split.n_prefill, self.lent_on(peak, split, scale, p_scale)
-            )
-            donor_busy = p_scale * self.prefill_busy(peak, left.n_prefill, lent_left)
+            donor = p_scale * self.prefill_ratio(peak, left.n_prefill)
+            donor_before = p_scale * self.prefill_ratio(peak, split.n_prefill)
+            donor_busy = p_scale * self.prefill_busy(peak, left.n_prefill)
         return Forecast(
             before,
             after,

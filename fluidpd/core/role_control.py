@@ -30,7 +30,6 @@ from fluidpd.core.fluidrole import (
     SwitchRule,
     WorkerSignals,
 )
-from fluidpd.core.fluidtoken import FluidTokenConfig
 from fluidpd.core.policy_forecast import CapacityModel, Demand, DemandWindow
 from fluidpd.core.profile import Profile
 from fluidpd.core.types import SLO
@@ -66,14 +65,12 @@ class RoleControl:
         profile: Profile | None,
         slo: SLO | None,
         fed: bool = True,
-        token: FluidTokenConfig | None = None,
     ) -> RoleControl:
         """The policy for one deployment: the capacity model of its workers' profile and SLO
-        (None: not known, the paper rule) and of the FluidToken its decode workers run
-        (``token``; None: off or not known), and a demand window when arrivals are ``fed``."""
+        (None: not known, the paper rule), and a demand window when arrivals are ``fed``."""
         if profile is None or slo is None:
             return cls(FluidRolePolicy(cfg), None)
-        model = CapacityModel.from_profile(profile, slo, token)
+        model = CapacityModel.from_profile(profile, slo)
         window = DemandWindow(profile.prefill_predictor(), DEMAND_WINDOW_S) if fed else None
         return cls(FluidRolePolicy(cfg, model), window)
 

@@ -178,10 +178,7 @@ class Simulator:
         # time series and the autoscale baseline.
         # The same policy and demand glue as the live controller's (``RoleControl``).
         self.role_control = RoleControl.create(
-            replace(cfg.role_cfg, enabled=cfg.mechanisms.fluidrole),
-            cfg.profile,
-            cfg.slo,
-            token=token_cfg,
+            replace(cfg.role_cfg, enabled=cfg.mechanisms.fluidrole), cfg.profile, cfg.slo
         )
         self.role_policy = self.role_control.policy
         self._drain_started: dict[str, float] = {}

@@ -16,7 +16,6 @@ from fluidpd.api import knobs
 from fluidpd.api.knobs import FLUIDROLE_KNOBS
 from fluidpd.core.fallback import FallbackConfig
 from fluidpd.core.fluidrole import FluidRoleConfig, SwitchRule
-from fluidpd.core.fluidtoken import FluidTokenConfig
 from fluidpd.core.types import DrainMode
 
 
@@ -201,12 +200,6 @@ class DeploymentSpec(_Spec):
         role = top["fluidRole"]
         values = {k.field: (top if k.top_level else role)[k.crd] for k in FLUIDROLE_KNOBS}
         return knobs.fluidrole_config(values, enabled=self.fluid_role.enabled)
-
-    def fluidtoken_config(self) -> FluidTokenConfig:
-        """The core's FluidToken config: what the workers run, and what the predictive rule's
-        forecasts count them to lend the prefill pool."""
-        t = self.fluid_token
-        return FluidTokenConfig(t.enabled, t.eta, t.dpi_load_high, split_budget=t.split_budget)
 
     def fallback_config(self) -> FallbackConfig:
         a = self.autoscaling

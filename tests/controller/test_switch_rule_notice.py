@@ -11,7 +11,6 @@ import pytest
 
 from fluidpd.controller.loop import FluidRoleController
 from fluidpd.core.fluidrole import FluidRoleConfig, SwitchRule
-from fluidpd.core.fluidtoken import FluidTokenConfig
 from fluidpd.core.types import SLO
 from fluidpd.profiles import resolve_profile
 
@@ -60,25 +59,3 @@ def test_no_notice_when_the_paper_rule_is_asked_for_or_fluidrole_is_off(
     with caplog.at_level(logging.WARNING, logger="fluidpd.controller"):
         _controller(cfg)
     assert not caplog.records
-
-
-@pytest.mark.parametrize(
-    ("token", "said", "lends"),
-    [
-        (None, "the workers do not steal", False),
-        (FluidTokenConfig(enabled=False), "the workers do not steal", False),
-        (FluidTokenConfig(eta=1.5), "take over (eta 1.5, DPI_load gate 0.6)", True),
-    ],
-)
-def test_the_notice_says_whether_the_forecasts_count_fluidtokens_help(
-    caplog: pytest.LogCaptureFixture, token: FluidTokenConfig | None, said: str, lends: bool
-) -> None:
-    with caplog.at_level(logging.INFO, logger="fluidpd.controller"):
-        ctl = _controller(
-            FluidRoleConfig(), profile=PROFILE, slo=SLO(2.0, 0.1), demand=object(), fluidtoken=token
-        )
-    model = ctl.policy.model
-    assert model is not None and (model.lending is not None) == lends
-    if model.lending is not None:
-        assert model.lending.eta == 1.5
-    assert said in caplog.records[0].getMessage()

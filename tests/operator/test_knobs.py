@@ -22,9 +22,8 @@ from fluidpd.api.commands import (
 )
 from fluidpd.api.knobs import FLUIDROLE_KNOBS
 from fluidpd.cli import controller_cmd, router_cmd, sidecar_cmd
-from fluidpd.cli.policy_options import fluidrole_argv, fluidrole_config, fluidtoken_config
+from fluidpd.cli.policy_options import fluidrole_argv, fluidrole_config
 from fluidpd.core.fluidrole import FluidRoleConfig
-from fluidpd.core.fluidtoken import FluidTokenConfig
 from fluidpd.core.types import Role
 from fluidpd_operator import resources as res
 from fluidpd_operator.spec import DeploymentSpec, FluidRoleSpec
@@ -215,21 +214,3 @@ def test_operator_router_command_parses_with_the_router_parser() -> None:
     assert (a.host, a.port, a.model, a.gpu, a.log_level) == (
         "10.1.2.3", spec.router.port, "llama-3.1-8b", "h200", "info"
     )  # fmt: skip
-
-
-def test_the_controller_and_the_operator_know_the_workers_fluidtoken() -> None:
-    """The predictive rule's P->D forecasts count what FluidToken lends the prefill pool, so
-    the controller is told what the workers run, from its flags or the CRD's fluidToken."""
-    parse = _parser(controller_cmd.add_parser).parse_args
-    args = parse(["controller", "--router", "http://r"])
-    assert fluidtoken_config(args, enabled=not args.no_fluidtoken) == FluidTokenConfig()
-    assert DeploymentSpec.model_validate({"model": {"name": "m"}}).fluidtoken_config() == (
-        FluidTokenConfig()
-    )
-    want = FluidTokenConfig(enabled=False, eta=1.5, dpi_load_high=0.5, split_budget=True)
-    flags = ["--no-fluidtoken", "--eta", "1.5", "--token-dpi-load-high", "0.5"]
-    args = parse(["controller", "--router", "http://r", *flags, "--token-split-budget"])
-    assert fluidtoken_config(args, enabled=not args.no_fluidtoken) == want
-    token = {"enabled": False, "eta": 1.5, "dpiLoadHigh": 0.5, "splitBudget": True}
-    spec = DeploymentSpec.model_validate({"model": {"name": "m"}, "fluidToken": token})
-    assert spec.fluidtoken_config() == want

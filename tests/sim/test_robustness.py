@@ -157,15 +157,3 @@ def test_a_split_past_capacity_in_its_receiver_alone_is_traded_early() -> None:
     switch, gain = _first_switch_and_gain(cell, 1)
     assert (switch.source, switch.target) == ("prefill", "decode") and switch.t < 120.0
     assert gain > 0.15
-
-
-def test_a_p_to_d_switch_leaning_on_fluidtoken_is_taken() -> None:
-    """Long chats on 2P2D, decode-bound: 1P3D's one prefill worker is at the edge of its
-    capacity (0.98 at the mean rate, past it at the peak) and FluidToken's decode workers
-    steal the suffixes that would miss (static 1P3D with FluidToken 97.5 %, without 51.9 %;
-    2P2D 63.6 / 63.9 %). Read without that help, the P->D switch never passed the donor
-    check (FluidPD 63.6 %); with it, it comes at 84 s (95.8 %)."""
-    cell = Cell("long-chat-poisson", ("qwen3-30b-a3b", "a100-80gb"), "relaxed", 4, 0.9)
-    switch, gain = _first_switch_and_gain(cell, 0)
-    assert (switch.source, switch.target) == ("prefill", "decode") and switch.t < 120.0
-    assert gain > 0.25

@@ -51,7 +51,6 @@ class Switches(DeploymentState):
                 profile=self.profile,
                 slo=slo,
                 demand=demand,
-                fluidtoken=self.spec.fluidtoken_config(),
             )
             self._seen_events = 0
             self._inherited = None
