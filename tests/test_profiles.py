@@ -11,10 +11,11 @@ from typing import Any
 import numpy as np
 import pytest
 import yaml
+from pydantic import ValidationError
 
 import fluidpd
 from fluidpd.core.profile import Profile
-from fluidpd.core.profile_fit import fit_decode, fit_quadratic
+from fluidpd.core.profile_fit import fit_decode, fit_quadratic, fit_suffix
 from fluidpd.profiles import (
     PROFILES_DIR_ENV,
     ProfileError,
@@ -156,8 +157,10 @@ def test_shipped_profile_is_physically_plausible(stem: str) -> None:
     prefill = profile.prefill_predictor()
     decode = profile.decode_predictor()
 
-    # A stolen suffix also attends over the transferred prefix, so it costs more per token.
+    # A stolen suffix runs a prefill's linear ops, and attends over the transferred prefix too.
     assert profile.suffix.s1_ms_per_token >= profile.prefill.c1_ms_per_token
+    suffix = profile.suffix_predictor()
+    assert suffix.sp > 0 and suffix.time(512, 8192) > suffix.time(512)
     # Every Azure prompt fits the paper's TTFT SLO when run alone (otherwise no policy could help).
     assert prefill.time(AZURE_MAX_PROMPT) < TTFT_SLO_S[profile.model]
     # A lone decode step is far inside the TPOT SLO, and a real batch fits under it.
@@ -189,7 +192,14 @@ def test_measured_profile_matches_its_report(stem: str) -> None:
         *(np.array([r[k] for r in report["decode"]]) for k in ("batch", "context", "s"))
     )
     assert profile.decode.a_0_ms == pytest.approx(dec.coef[2] * 1e3)
+    # The suffix with the cost of the prefix it extends (both prefixes the report timed).
+    sfx = fit_suffix(
+        *(np.array([r[k] for r in report["suffix"]]) for k in ("tokens", "prefix", "s"))
+    )
+    got = profile.suffix_predictor()
+    assert (got.s2, got.s1, got.s0, got.sp) == pytest.approx(sfx.coef)
     assert f"prefill {pre.mre:.3f}" in profile.notes
+    assert f"suffix {sfx.mre:.3f}" in profile.notes
     assert profile.kv.capacity_tokens >= profile.context_limit
     assert profile.switch.to_decode_ms < 1000
 
@@ -201,12 +211,27 @@ def test_llama_8b_h200_profile_meets_the_papers_error_bound() -> None:
 
 
 @pytest.mark.parametrize("stem", SHIPPED)
-def test_suffix_budget_inverts_the_suffix_predictor(stem: str) -> None:
+@pytest.mark.parametrize("prefix", [0, 2048, 12000])
+def test_suffix_budget_inverts_the_suffix_predictor(stem: str, prefix: int) -> None:
     suffix = _shipped(stem).suffix_predictor()
     budget = 1.25 * 0.06  # eta = 1.25 (paper §V-F) times a 60 ms TPOT slack
-    tokens = suffix.max_tokens(budget)
+    tokens = suffix.max_tokens(budget, prefix)
     assert tokens > 0
-    assert suffix.time(tokens) <= budget < suffix.time(tokens + 1)
+    assert suffix.time(tokens, prefix) <= budget < suffix.time(tokens + 1, prefix)
+    # After a longer prefix the same slack fits no more suffix tokens.
+    assert tokens <= suffix.max_tokens(budget)
+
+
+def test_the_suffix_prefix_term_defaults_to_the_prefills_attention() -> None:
+    """A profile that does not state ``sp_ms_per_token2`` (written before it existed) gets
+    2 c2: a prefill of L tokens pays c2 L^2 for its L^2 / 2 query-key pairs."""
+    data = _shipped("llama-3.1-8b-a100-80gb").model_dump()
+    del data["suffix"]["sp_ms_per_token2"]
+    profile = Profile.model_validate(data)
+    assert profile.suffix_predictor().sp == pytest.approx(2 * profile.prefill_predictor().c2)
+    data["suffix"]["sp_ms_per_token2"] = -1.0
+    with pytest.raises(ValidationError, match="sp_ms_per_token2"):
+        Profile.model_validate(data)
 
 
 def test_llama_8b_matches_the_calibration_anchors() -> None:

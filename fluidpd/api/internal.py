@@ -127,6 +127,8 @@ class Reserved(_Model):
 class SuffixCommit(_Model):
     rid: int = Field(ge=0, le=MAX_RID)
     tokens: int = Field(ge=1)
+    #: Prompt tokens before the suffix (its extend attends over them; 0 when not told).
+    prefix: int = Field(default=0, ge=0)
 
 
 class Budget(_Model):

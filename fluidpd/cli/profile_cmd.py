@@ -221,7 +221,8 @@ def _fit_and_write(
     switch = report["switch"]
     try:
         f_pre = pf.fit_quadratic(arr(pre, "tokens"), arr(pre, "s"))
-        f_suf = pf.fit_quadratic(arr(suf, "tokens"), arr(suf, "s"))
+        prefix = np.array([r.get("prefix", 0) for r in suf], dtype=np.float64)
+        f_suf = pf.fit_suffix(arr(suf, "tokens"), prefix, arr(suf, "s"))
         f_dec = pf.fit_decode(arr(dec, "batch"), arr(dec, "context"), arr(dec, "s"))
         f_xfer = pf.fit_transfer(arr(xfer, "bytes"), arr(xfer, "s"))
     except (ValueError, KeyError) as exc:
@@ -255,6 +256,7 @@ def _fit_and_write(
             "s1_ms_per_token": f_suf.coef[1] * 1e3,
             "s0_ms": f_suf.coef[2] * 1e3,
             "s2_ms_per_token2": f_suf.coef[0] * 1e3,
+            "sp_ms_per_token2": f_suf.coef[3] * 1e3,
         },
         "decode": {
             "a_c_ms_per_token": f_dec.coef[0] * 1e3,

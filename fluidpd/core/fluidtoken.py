@@ -92,7 +92,7 @@ def advertised_budget(
     suffix: SuffixPredictor,
     batch: int,
     context: int,
-    pending_suffixes: Iterable[int],
+    pending_suffixes: Iterable[tuple[int, int]],
     dpi_load_d: float,
     n_prefill: int,
     cfg: FluidTokenConfig,
@@ -103,7 +103,8 @@ def advertised_budget(
     running batch.
 
     The suffixes already committed to it but not yet run (``pending_suffixes``, their token
-    counts) take their predicted extend time, each with its fixed cost s0, from the eq. (15)
+    counts and the prefixes they extend) take their predicted extend time, each with its
+    fixed cost s0, from the eq. (15)
     allowance of ``SUFFIX_QUEUE_ITERATIONS`` iterations, so that budgets refreshed every
     prefill iteration cannot pile up more stolen work than those iterations run.
     (Subtracting their tokens alone let a burst commit dozens of 20-token suffixes to a
@@ -130,7 +131,7 @@ def advertised_budget(
     """
     if not admitting or kv_forecast >= 1.0:
         return 0.0
-    pending_s = sum(suffix.time(tokens) for tokens in pending_suffixes)
+    pending_s = sum(suffix.time(tokens, prefix) for tokens, prefix in pending_suffixes)
     slack = tpot_slack(tpot_slo, decode, batch, context)
     slack -= pending_s / (cfg.eta * SUFFIX_QUEUE_ITERATIONS)
     room = max_admissible_suffix(slack, cfg.eta, suffix)
@@ -210,6 +211,42 @@ class StealPlan:
         return np.where(lengths > 0, self.stolen / np.maximum(lengths, 1), 0.0)
 
 
+def _suffix_caps(
+    lengths: FloatArray, allowance: FloatArray, credit: float, suffix: SuffixPredictor
+) -> FloatArray:
+    """The largest x <= L of each ``length`` L with g(y) <= 0 for every 1 <= y <= x, where
+    g(y) = T_sfx(y | L - y) - credit y - allowance: the suffix of y tokens of the prompt,
+    extending the L - y before it, less ``credit`` per token, within ``allowance`` (0 where
+    g(1) > 0).
+
+    g(y) = (s2 - sp) y^2 + (s1 + sp L - credit) y + (s0 - allowance). Convex (s2 > sp), the
+    cap is its upper root; concave (the attention over the prefix, sp p y, shrinks as the
+    suffix takes more of the prompt), the first root past its vertex, or the whole prompt
+    where g never returns above 0."""
+    a = suffix.s2 - suffix.sp
+    b = suffix.s1 + suffix.sp * lengths - credit
+    c = suffix.s0 - allowance
+    with np.errstate(divide="ignore", invalid="ignore"):
+        disc = b * b - 4.0 * a * c
+        root = np.sqrt(np.maximum(disc, 0.0))
+        if a > 0:
+            fits = np.floor((root - b) / (2.0 * a))
+        elif a < 0:
+            # The rationalised smaller root (c < 0 there); g falls from y = 1 on where its
+            # vertex -b / 2a is at or before 1, and never reaches 0 again without real roots.
+            falls = (-b / (2.0 * a) <= 1.0) | (disc < 0) | (c >= 0)
+            fits = np.where(falls, lengths, np.floor(-2.0 * c / (b + root)))
+        else:
+            fits = np.where(b > 0, np.floor(-c / b), lengths)
+    fits = np.minimum(np.maximum(np.nan_to_num(fits, nan=0.0, posinf=0.0), 0.0), lengths)
+    # Floor of a float root can land one above the true integer bound; check and step back.
+    bad = (a * fits + b) * fits + c > 0
+    fits[bad] -= 1.0
+    fits[a + b + c > 0] = 0.0
+    out: FloatArray = np.maximum(fits, 0.0)
+    return out
+
+
 def _donor_caps(
     lengths: FloatArray,
     slack: FloatArray,
@@ -220,54 +257,48 @@ def _donor_caps(
     """Most tokens each request can give without itself turning TTFT-unschedulable.
 
     Donating x tokens shortens a request's prefix work by at least c1 x but moves its own
-    deadline earlier by T_sfx(x) (eq. 9), so x > 0 is safe when
-    g(x) = s2 x^2 + (s1 - c1) x + s0 <= slack. A request already predicted to miss its
-    deadline can give everything. This guard is our addition to Algorithm 1's eligibility
-    rule; it is what makes "stealing never increases predicted violations" hold when the
-    suffix predictor is costlier per token than the prefill predictor. With s1 <= c1 and
-    s0 = 0 it never binds.
+    deadline earlier by T_sfx(x | L - x) (eq. 9), so x > 0 is safe when
+    T_sfx(x | L - x) - c1 x <= slack (``_suffix_caps``). A request already predicted to miss
+    its deadline can give everything. This guard is our addition to Algorithm 1's
+    eligibility rule; it is what makes "stealing never increases predicted violations" hold
+    when the suffix predictor is costlier per token than the prefill predictor. With
+    s1 + sp L <= c1, s2 <= sp and s0 = 0 it never binds.
     """
-    a = suffix.s2
-    b = suffix.s1 - prefill.c1
-    c = suffix.s0 - slack
-    # Partial donations must be safe too, so the cap is the largest x with every 1 <= y <= x
-    # feasible; g is convex, so that needs g(1) <= slack and then runs to g's upper root.
-    if a > 0:
-        disc = np.maximum(b * b - 4.0 * a * c, 0.0)
-        fits = np.floor((np.sqrt(disc) - b) / (2.0 * a))
-    elif b > 0:
-        fits = np.floor(-c / b)
-    else:
-        fits = lengths
-    fits = np.minimum(np.maximum(fits, 0.0), lengths)
-    # Floor of a float root can land one above the true integer bound; check and step back.
-    bad = (a * fits + b) * fits + c > 0
-    fits[bad] -= 1.0
-    fits[a + b + c > 0] = 0.0
+    fits = _suffix_caps(lengths, slack, prefill.c1, suffix)
     fits[violating] = lengths[violating]
-    return np.maximum(fits, 0.0)
+    return fits
+
+
+def _suffix_cap(length: float, allowance: float, credit: float, suffix: SuffixPredictor) -> float:
+    """``_suffix_caps`` for one request, in scalar arithmetic: the scheduler's per-iteration
+    path needs only the head's cap, and numpy's per-call overhead would dominate it. Kept
+    equal to the array form by a property test."""
+    a = suffix.s2 - suffix.sp
+    b = suffix.s1 + suffix.sp * length - credit
+    c = suffix.s0 - allowance
+    if a + b + c > 0:
+        return 0.0
+    disc = b * b - 4.0 * a * c
+    root = math.sqrt(max(disc, 0.0))
+    fits: float
+    if a > 0:
+        fits = math.floor((root - b) / (2.0 * a))
+    elif a < 0:
+        falls = -b / (2.0 * a) <= 1.0 or disc < 0 or c >= 0
+        fits = length if falls else math.floor(-2.0 * c / (b + root))
+    else:
+        fits = math.floor(-c / b) if b > 0 else length
+    fits = min(max(fits, 0.0), length)
+    if (a * fits + b) * fits + c > 0:
+        fits -= 1.0
+    return max(fits, 0.0)
 
 
 def _head_cap(
     length: float, slack: float, prefill: PrefillPredictor, suffix: SuffixPredictor
 ) -> float:
-    """``_donor_caps`` for one on-time request (the head), in scalar arithmetic: the
-    scheduler's per-iteration path needs only this value, and numpy's per-call overhead would
-    dominate it. Kept equal to the array form by a property test."""
-    a, b, c = suffix.s2, suffix.s1 - prefill.c1, suffix.s0 - slack
-    if a + b + c > 0:
-        return 0.0
-    fits: float
-    if a > 0:
-        fits = math.floor((math.sqrt(max(b * b - 4.0 * a * c, 0.0)) - b) / (2.0 * a))
-    elif b > 0:
-        fits = math.floor(-c / b)
-    else:
-        fits = length
-    fits = min(max(fits, 0.0), length)
-    if (a * fits + b) * fits + c > 0:
-        fits -= 1.0
-    return max(fits, 0.0)
+    """``_donor_caps`` for one on-time request (the head)."""
+    return _suffix_cap(length, slack, prefill.c1, suffix)
 
 
 def plan_stealing(
@@ -321,10 +352,18 @@ def plan_stealing(
         stolen = np.zeros(n, dtype=np.int64)
         length = float(lengths_f[0])
         head_cap = length if violating[0] else _head_cap(length, float(slack[0]), prefill, suffix)
+        budget = float(budget_tokens[decode_index[0]])
+        # Within the extend time the budget stands for (eq. 16 turns it into tokens at no
+        # prefix), with the attention over the head's own prefix counted.
+        fits = _suffix_cap(length, suffix.time(budget), 0.0, suffix)
         behind = max(0.0, float(need[1:].max())) if n > 1 else 0.0
-        stolen[0] = int(min(head_cap, budget_tokens[decode_index[0]], behind))
+        stolen[0] = int(min(head_cap, fits, budget, behind))
         return StealPlan(stolen, ppi)
-    caps = _donor_caps(lengths_f, slack, violating, prefill, suffix)
+    allowance = np.array([suffix.time(float(t)) for t in budget_tokens], dtype=np.float64)
+    caps = np.minimum(
+        _donor_caps(lengths_f, slack, violating, prefill, suffix),
+        _suffix_caps(lengths_f, allowance[decode_index], 0.0, suffix),
+    )
 
     # Donors fill in queue order, each decode worker's donors capped by its budget: a donor
     # gives min(B_d, its group's cumulative caps including it) - min(B_d, excluding it).

@@ -31,6 +31,9 @@ class SuffixCoefficients(_Strict):
     s1_ms_per_token: float = Field(gt=0)
     s0_ms: float = Field(ge=0)
     s2_ms_per_token2: float = Field(default=0.0, ge=0)
+    #: Per suffix token per prefix token (``SuffixPredictor.sp``); None: twice the prefill's
+    #: c2, the attention a prefill pays per query-key pair (c2 L^2 for L^2 / 2 pairs).
+    sp_ms_per_token2: float | None = Field(default=None, ge=0)
 
 
 class DecodeCoefficients(_Strict):
@@ -84,8 +87,16 @@ class Profile(_Strict):
 
     def suffix_predictor(self) -> SuffixPredictor:
         s = self.suffix
+        sp = (
+            2.0 * self.prefill.c2_ms_per_token2
+            if s.sp_ms_per_token2 is None
+            else s.sp_ms_per_token2
+        )
         return SuffixPredictor(
-            s1=s.s1_ms_per_token * 1e-3, s0=s.s0_ms * 1e-3, s2=s.s2_ms_per_token2 * 1e-3
+            s1=s.s1_ms_per_token * 1e-3,
+            s0=s.s0_ms * 1e-3,
+            s2=s.s2_ms_per_token2 * 1e-3,
+            sp=sp * 1e-3,
         )
 
     def decode_predictor(self) -> DecodeIterPredictor:

@@ -1,13 +1,14 @@
 """Fitting a profile's coefficients to measured step times (``fluidpd profile``).
 
 Pure: measurements in, coefficients and errors out. The models are the profile's own
-(eq. 2 prefill ``c2 L^2 + c1 L + c0``, the suffix ``s2 x^2 + s1 x + s0``, eq. 13 decode
+(eq. 2 prefill ``c2 L^2 + c1 L + c0``, the suffix ``s2 x^2 + s1 x + s0 + sp p x``, eq. 13 decode
 ``a_c C + a_n N + a_0``). The fit minimises squared *relative* error, because the metric the
 paper reports (and the one the predictors are judged by) is the mean relative error, and a
 plain least-squares fit lets the long prompts dominate and misses short ones by 50% or more.
 Coefficients are non-negative (a negative c0 or c2 has no physical meaning and breaks the
 inverse predictor of eq. 16): every subset of the optional terms is fitted and the best
-non-negative one kept (at most three columns, so eight candidates).
+non-negative one kept (at most four columns, one of them required, so at most eight
+candidates).
 """
 
 from __future__ import annotations
@@ -71,6 +72,15 @@ def fit_quadratic(tokens: Array, seconds: Array) -> Fit:
     t = np.asarray(tokens, dtype=np.float64)
     x = np.stack([t * t, t, np.ones_like(t)], axis=1)
     return fit_nonnegative(x, np.asarray(seconds, dtype=np.float64), required=(1,))
+
+
+def fit_suffix(tokens: Array, prefix: Array, seconds: Array) -> Fit:
+    """(s2, s1, s0, sp) of ``s2 x^2 + s1 x + s0 + sp p x``, in seconds: a suffix of x tokens
+    extending a prefix of p (``SuffixPredictor``)."""
+    x = np.asarray(tokens, dtype=np.float64)
+    p = np.asarray(prefix, dtype=np.float64)
+    cols = np.stack([x * x, x, np.ones_like(x), p * x], axis=1)
+    return fit_nonnegative(cols, np.asarray(seconds, dtype=np.float64), required=(1,))
 
 
 def fit_decode(batch: Array, context: Array, seconds: Array) -> Fit:

@@ -66,10 +66,15 @@ def queue_ppi(
 
 
 def prefix_deadlines(
-    deadlines: FloatArray, stolen: IntArray, suffix: SuffixPredictor
+    deadlines: FloatArray, lengths: IntArray, stolen: IntArray, suffix: SuffixPredictor
 ) -> FloatArray:
-    """t_i^pfx-ddl = t_i^ddl - T_sfx(L_sfx,i), eq. (9)."""
-    sfx = np.fromiter((suffix.time(int(x)) for x in stolen), dtype=np.float64, count=len(stolen))
+    """t_i^pfx-ddl = t_i^ddl - T_sfx(L_sfx,i), eq. (9), each suffix extending the rest of
+    its prompt (``SuffixPredictor.of_prompt``)."""
+    sfx = np.fromiter(
+        (suffix.of_prompt(int(x), int(n)) for x, n in zip(stolen, lengths, strict=True)),
+        dtype=np.float64,
+        count=len(stolen),
+    )
     return deadlines - sfx
 
 
@@ -89,7 +94,7 @@ def steal_ppi(
     time (eq. 9).
     """
     work = cumulative_prefill_work(lengths - stolen, prefill, backlog_s)
-    return request_ppi(work, prefix_deadlines(deadlines, stolen, suffix), now, eps)
+    return request_ppi(work, prefix_deadlines(deadlines, lengths, stolen, suffix), now, eps)
 
 
 def token_deficits(

@@ -92,7 +92,7 @@ class StepTimes:
         """One decode step: the batch's iteration plus the stolen suffixes prefilled with it."""
         t = self._decode.time(batch.batch, batch.context) if batch.batch else 0.0
         for req in batch.suffix:
-            t += self._suffix.time(req.stolen)
+            t += self._suffix.of_prompt(req.stolen, req.prompt_len)
         return t * self.factor()
 
     def duration(self, batch: PrefillBatch | DecodeBatch) -> float:

@@ -22,6 +22,8 @@ from fluidpd.core.fluidtoken import (
     KvIntake,
     _donor_caps,
     _head_cap,
+    _suffix_cap,
+    _suffix_caps,
     advertised_budget,
     kv_occupancy_forecast,
     max_admissible_suffix,
@@ -556,7 +558,7 @@ def test_pending_suffixes_take_their_fixed_cost_from_the_allowance() -> None:
     cfg = FluidTokenConfig()
 
     def budget(pending: list[int]) -> float:
-        return advertised_budget(0.1, decode, suffix, 0, 0, pending, 0.0, 1, cfg)
+        return advertised_budget(0.1, decode, suffix, 0, 0, [(t, 0) for t in pending], 0.0, 1, cfg)
 
     full = budget([])
     assert full == max_admissible_suffix(0.08, cfg.eta, suffix)
@@ -591,7 +593,7 @@ def test_whole_budget_commits_stay_within_the_allowance(
     slack = 0.1 - a0
 
     def budget(pending: list[int], n: int, c: FluidTokenConfig = cfg) -> float:
-        return advertised_budget(0.1, decode, suffix, 0, 0, pending, 0.0, n, c)
+        return advertised_budget(0.1, decode, suffix, 0, 0, [(t, 0) for t in pending], 0.0, n, c)
 
     whole = budget([], 1)
     assert budget([], n_prefill) == whole
@@ -652,15 +654,74 @@ def test_head_only_matches_full_plan_head(inst: dict[str, object]) -> None:
     s1=st.floats(1e-6, 1e-3),
     s0=st.floats(0.0, 0.05),
     s2=st.sampled_from([0.0, 1e-9, 1.3e-9, 1e-7]),
+    sp=st.sampled_from([0.0, 1e-9, 2.6e-9, 3.4e-9, 1e-7]),
 )
 def test_head_cap_scalar_equals_array_form(
-    length: int, slack: float, c1: float, s1: float, s0: float, s2: float
+    length: int, slack: float, c1: float, s1: float, s0: float, s2: float, sp: float
 ) -> None:
     """The scheduler's scalar head cap and the planner's array form are the same rule."""
     pre = PrefillPredictor(c1=c1, c0=0.01)
-    sfx = SuffixPredictor(s1=s1, s0=s0, s2=s2)
+    sfx = SuffixPredictor(s1=s1, s0=s0, s2=s2, sp=sp)
     arr = _donor_caps(np.array([float(length)]), np.array([slack]), np.array([False]), pre, sfx)[0]
     assert _head_cap(float(length), slack, pre, sfx) == arr
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    length=st.integers(1, 600),
+    allowance=st.floats(-0.01, 0.2, allow_nan=False),
+    credit=st.sampled_from([0.0, 1e-5, 1e-4]),
+    s1=st.floats(1e-6, 1e-3),
+    s0=st.floats(0.0, 0.02),
+    s2=st.sampled_from([0.0, 1e-9, 1e-7, 1e-6]),
+    sp=st.sampled_from([0.0, 1e-9, 1e-7, 1e-6, 1e-5]),
+)
+def test_suffix_caps_are_the_longest_suffix_every_shorter_one_of_which_fits(
+    length: int, allowance: float, credit: float, s1: float, s0: float, s2: float, sp: float
+) -> None:
+    """Against brute force, convex and concave alike (sp > s2: the prefix a suffix extends
+    shrinks as it takes more of the prompt): the cap is the largest x with
+    T_sfx(y | L - y) - credit y <= allowance for every 1 <= y <= x."""
+    sfx = SuffixPredictor(s1=s1, s0=s0, s2=s2, sp=sp)
+    want = 0
+    for y in range(1, length + 1):
+        if sfx.of_prompt(y, length) - credit * y > allowance:
+            break
+        want = y
+    got = _suffix_caps(np.array([float(length)]), np.array([allowance]), credit, sfx)[0]
+    assert got == want
+    assert _suffix_cap(float(length), allowance, credit, sfx) == want
+
+
+def test_a_long_prompt_hands_its_decode_worker_fewer_tokens_for_one_budget() -> None:
+    """Issue #14: FluidToken never steals when the suffix's extend cost, which grows with the
+    context it extends, passes the decode worker's TPOT slack. One budget (the tokens an
+    extend of no prefix fits in the slack), one late queue behind the head: the head of a
+    16K-token prompt gives fewer tokens than the head of a 2K-token prompt, and each within
+    the extend time the budget stands for."""
+    profile = resolve_profile("llama-3.1-8b", "h200", None)
+    pre, sfx = profile.prefill_predictor(), profile.suffix_predictor()
+    budget = float(max_admissible_suffix(0.04, 1.25, sfx))
+    stolen = {}
+    for head in (2048, 16384):
+        lengths = np.array([head, 8000, 8000, 8000], dtype=np.int64)
+        deadlines = np.array([50.0, 0.2, 0.2, 0.2])  # the head on time, the rest late
+        plan = plan_stealing(
+            lengths, deadlines, np.zeros(4, dtype=np.int64), np.array([budget]), 0.0, pre, sfx
+        )
+        x = int(plan.stolen[0])
+        assert 0 < x <= budget
+        assert sfx.of_prompt(x, head) <= sfx.time(budget) < sfx.of_prompt(x + 1, head)
+        head_only = plan_stealing(
+            lengths, deadlines, np.zeros(4, dtype=np.int64), np.array([budget]), 0.0, pre, sfx,
+            head_only=True,
+        )  # fmt: skip
+        assert int(head_only.stolen[0]) == x
+        stolen[head] = x
+    assert stolen[16384] < stolen[2048] / 2
+    # The context-blind predictor of before would have taken the whole budget from either.
+    blind = SuffixPredictor(s1=sfx.s1, s0=sfx.s0, s2=sfx.s2)
+    assert sfx.of_prompt(int(budget), 16384) > 2 * blind.time(budget)
 
 
 @settings(max_examples=60, deadline=None)

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fluidpd.core.profile_fit import fit_decode, fit_quadratic, fit_transfer
+from fluidpd.core.profile_fit import fit_decode, fit_quadratic, fit_suffix, fit_transfer
 
 
 @given(
@@ -20,6 +20,21 @@ def test_quadratic_recovers_exact_coefficients(c2: float, c1: float, c0: float) 
     fit = fit_quadratic(t, c2 * t * t + c1 * t + c0)
     assert fit.mre < 1e-6
     assert all(c >= 0 for c in fit.coef)
+
+
+@given(
+    s2=st.floats(0, 1e-8),
+    s1=st.floats(1e-6, 1e-3),
+    s0=st.floats(0, 0.05),
+    sp=st.floats(0, 1e-8),
+)
+def test_suffix_fit_recovers_the_prefix_term(s2: float, s1: float, s0: float, sp: float) -> None:
+    """``fluidpd profile`` times suffixes after two prefixes; the fit separates their cost."""
+    x = np.tile(np.array([64, 128, 256, 512, 1024, 2048], dtype=float), 2)
+    p = np.repeat(np.array([512.0, 2048.0]), 6)
+    fit = fit_suffix(x, p, s2 * x * x + s1 * x + s0 + sp * p * x)
+    assert fit.mre < 1e-6
+    assert all(c >= 0 for c in fit.coef) and len(fit.coef) == 4
 
 
 def test_negative_intercept_is_dropped_not_kept() -> None:

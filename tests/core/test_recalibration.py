@@ -38,7 +38,7 @@ def drifted_prefill(p: PrefillPredictor) -> PrefillPredictor:
 
 
 def drifted_suffix(s: SuffixPredictor) -> SuffixPredictor:
-    return SuffixPredictor(s1=s.s1 * DRIFT, s0=s.s0 * DRIFT, s2=s.s2 * DRIFT)
+    return SuffixPredictor(s1=s.s1 * DRIFT, s0=s.s0 * DRIFT, s2=s.s2 * DRIFT, sp=s.sp * DRIFT)
 
 
 def drifted_decode(d: DecodeIterPredictor) -> DecodeIterPredictor:
@@ -116,6 +116,22 @@ def test_quadratic_suffix_converges_to_drifted() -> None:
     assert rel(got.s1, true.s1) < 0.05
     assert rel(got.s0, true.s0) < 0.05
     assert rel(got.s2, true.s2) < 0.05
+
+
+def test_suffix_refit_learns_the_cost_of_the_prefix_it_extends() -> None:
+    """Extends after prefixes of 0-16K tokens: the refit finds the prefix term (the offline
+    profile's, drifted) and predicts long-context suffixes within 5%."""
+    sfx = PROFILE.suffix_predictor()
+    assert sfx.sp > 0
+    true = drifted_suffix(sfx)
+    cal = OnlineCalibrator(PROFILE.prefill_predictor(), sfx, PROFILE.decode_predictor())
+    rng = np.random.default_rng(0)
+    for _ in range(3000):
+        tokens, prefix = int(rng.integers(16, 4096)), int(rng.integers(0, 16384))
+        got = cal.observe_suffix(tokens, true.time(tokens, prefix) * noise(rng, 0.005), prefix)
+    assert rel(got.sp, true.sp) < 0.05
+    for x, p in ((128, 0), (1024, 8192), (4096, 16384)):
+        assert rel(got.time(x, p), true.time(x, p)) < 0.05, (x, p)
 
 
 def test_offline_coefficients_until_min_samples() -> None:

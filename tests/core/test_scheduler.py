@@ -233,11 +233,14 @@ def test_handoff_bytes_with_a_stolen_suffix() -> None:
     bus = Bus.of(p, d)
     for i in range(4):
         bus.submit(req(i, prompt=3000, out=3), p, d)
-    # Request 1 is ~2400 tokens late; the budget (floor 1200.7 = 1200 tokens) binds.
+    # Request 1 is ~2400 tokens late; the budget binds: floor 1200.7 = 1200 tokens at no
+    # prefix, and fewer where each attends over the rest of the 3000-token prompt.
     b = bus.run_prefill(p, 0.0, budgets=lambda peers: np.full(len(peers), 1200.7))
     assert b is not None
     r0 = b.request
-    assert r0.stolen == 1200
+    sfx = BASE.suffix_predictor()
+    fits = [x for x in range(1, 1201) if sfx.of_prompt(x, 3000) <= sfx.time(1200)]
+    assert sfx.sp > 0 and r0.stolen == max(fits) < 1200
     assert b.prefix_tokens == 3000 - r0.stolen
     (c,) = bus.committed
     assert (c.rid, c.decode_worker, c.tokens) == (0, "d", r0.stolen)
@@ -320,9 +323,11 @@ def test_stolen_suffix_runs_as_extend_in_next_iteration() -> None:
     b = d.next_batch(now)
     assert isinstance(b, DecodeBatch)
     assert b.batch == 1 and [r.rid for r in b.suffix] == [1]
+    # The extend attends over the 500 prefix tokens before the suffix.
     assert b.predicted_s == pytest.approx(
-        d.decode.decode.time(1, b.context) + d.decode.suffix.time(300)
+        d.decode.decode.time(1, b.context) + d.decode.suffix.time(300, 500)
     )
+    assert d.decode.suffix.time(300, 500) > d.decode.suffix.time(300)
     end = now + 0.05
     d.finish_batch(b, end, 0.05)
     bus.pump()
@@ -381,7 +386,8 @@ def test_racing_commits_past_the_budget_wait_for_slack_not_tpot() -> None:
     d = make("d", Role.DECODE)
     bus = Bus.of(make("p", Role.PREFILL), d)
     room = int(d.decode.steal_budget(2))
-    rs = [req(i, prompt=room + 50, out=4) for i in range(2)]
+    # Whole prompts (no prefix): the room is the tokens an extend of no prefix fits.
+    rs = [req(i, prompt=room, out=4) for i in range(2)]
     for r in rs:
         r.prefill_worker = "p"
         d.decode.add(r)
@@ -389,7 +395,7 @@ def test_racing_commits_past_the_budget_wait_for_slack_not_tpot() -> None:
         d.decode.suffix_committed(r.rid, room)
     assert d.decode.steal_budget(2) == 0.0  # twice the room is pending
     for r in rs:
-        d.decode.handoff_done(r.rid, 50, 0.0)
+        d.decode.handoff_done(r.rid, 0, 0.0)
     allow = FluidTokenConfig().eta * tpot_slack(SLO_.tpot, d.decode.decode, 0, 0)
     first = d.next_batch(0.0)
     assert isinstance(first, DecodeBatch) and [r.rid for r in first.suffix] == [0]

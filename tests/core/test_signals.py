@@ -97,9 +97,11 @@ def test_eq9_prefix_deadlines() -> None:
     deadlines = np.array([3.0, 4.0, 5.0])
     # T_sfx(50) = 0.02 * 50 + 0.05 = 1.05; T_sfx(0) = 0 (no suffix, no fixed cost).
     np.testing.assert_allclose(
-        prefix_deadlines(deadlines, np.array([50, 0, 0]), SUFFIX), [1.95, 4.0, 5.0]
+        prefix_deadlines(deadlines, LENGTHS, np.array([50, 0, 0]), SUFFIX), [1.95, 4.0, 5.0]
     )
-    np.testing.assert_allclose(prefix_deadlines(deadlines, np.array([0, 0, 0]), SUFFIX), deadlines)
+    np.testing.assert_allclose(
+        prefix_deadlines(deadlines, LENGTHS, np.array([0, 0, 0]), SUFFIX), deadlines
+    )
 
 
 def test_eq10_11_steal_ppi() -> None:
@@ -127,7 +129,7 @@ def test_eq19_token_deficits() -> None:
     )
     # Under the stealing decision of the eq. (11) test: (0.6 - 0.95, 2.7 - 3, 3.3 - 4) / 0.01.
     pwork = cumulative_prefill_work(LENGTHS - np.array([50, 0, 0]), PREFILL)
-    pddl = prefix_deadlines(deadlines, np.array([50, 0, 0]), SUFFIX)
+    pddl = prefix_deadlines(deadlines, LENGTHS, np.array([50, 0, 0]), SUFFIX)
     np.testing.assert_allclose(
         token_deficits(pwork, pddl, 1.0, PREFILL), [-35.0, -30.0, -70.0], atol=1e-9
     )

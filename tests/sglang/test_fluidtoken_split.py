@@ -109,7 +109,8 @@ def test_planner_sends_sglang_only_the_prefix_after_telling_the_decode_peer(
     expected: list[tuple[str, Any]] = [("sglang", ids[:prefix])]
     if stolen:
         # The split reaches the decode side before the prefill server may ship the prefix.
-        expected.insert(0, ("suffix", {"rid": 7, "tokens": stolen}))
+        # It carries the prefix the suffix extends (its extend attends over it).
+        expected.insert(0, ("suffix", {"rid": 7, "tokens": stolen, "prefix": prefix}))
     assert log == expected
     assert out == PrefillOutcome(status="done", stolen=stolen)
     assert planner.stolen_tokens == stolen
@@ -119,14 +120,15 @@ def test_planner_sends_sglang_only_the_prefix_after_telling_the_decode_peer(
 
 def test_beta_one_asks_no_prefill_server_and_forgets_the_room() -> None:
     out, log, _ = asyncio.run(_run_planner(1.0, 10))
-    assert log == [("suffix", {"rid": 7, "tokens": 10}), ("forget", {"room": 7})]
+    assert log == [("suffix", {"rid": 7, "tokens": 10, "prefix": 0}), ("forget", {"room": 7})]
     assert out == PrefillOutcome(status="done", stolen=10)
 
 
 def test_a_split_the_decode_peer_did_not_take_is_prefilled_whole() -> None:
     # Safe either way: a decode side that did register it recomputes KV it already has.
     out, log, planner = asyncio.run(_run_planner(0.5, 10, refuse=True))
-    assert log == [("suffix", {"rid": 7, "tokens": 5}), ("sglang", list(range(100, 110)))]
+    split = {"rid": 7, "tokens": 5, "prefix": 5}
+    assert log == [("suffix", split), ("sglang", list(range(100, 110)))]
     assert out == PrefillOutcome(status="done", stolen=0)
     assert planner.stolen_tokens == 0
 
@@ -270,7 +272,7 @@ def test_advertised_budget_is_the_decode_sides_own() -> None:
         d.handoff_done(rid, n, 0.0)
     d.next_batch(0.0)
     args = (SLO_.tpot, d.decode, d.suffix, len(d.active), d.context)
-    assert d.steal_budget(2) == advertised_budget(*args, d.suffix_of.values(), d.dpi_load(), 2, CFG)
+    assert d.steal_budget(2) == advertised_budget(*args, d.pending_suffixes(), d.dpi_load(), 2, CFG)
     assert advertised_budget(*args, (), d.dpi_load(), 2, CFG) >= d.steal_budget(2)
     assert advertised_budget(*args, (), d.dpi_load(), 2, CFG, admitting=False) == 0.0
     # Loaded past DPI_load^high: the gate of eq. (12) closes.
@@ -288,17 +290,17 @@ def _report(dpi: float) -> PressureReport:
 def test_decode_budget_counts_registered_suffixes_until_the_hook_ran_them() -> None:
     splits = DecodeSplits(PROFILE, SLO_, CFG, "http://unused")
     t0 = time.time()
-    splits.pending[5] = (400, t0)
+    splits.pending[5] = (400, 1600, t0)
     idle = {"decode_batch": 0, "decode_context": 0, "t": t0 + 1, "fluid_pending": ["5"]}
     full = advertised_budget(SLO_.tpot, splits.decode, splits.suffix, 0, 0, (), 0.0, 1, CFG)
-    assert splits.pending_suffixes(idle) == [400]
+    assert splits.pending_suffixes(idle) == [(400, 1600)]
     left = splits.budget(idle, _report(0.0), admitting=True)
     assert 0.0 < left < full
     assert left == advertised_budget(
-        SLO_.tpot, splits.decode, splits.suffix, 0, 0, [400], 0.0, 1, CFG
+        SLO_.tpot, splits.decode, splits.suffix, 0, 0, [(400, 1600)], 0.0, 1, CFG
     )
     # A snapshot from before the registration does not clear it; a later one without it does.
-    assert splits.pending_suffixes({**idle, "fluid_pending": [], "t": t0 - 1}) == [400]
+    assert splits.pending_suffixes({**idle, "fluid_pending": [], "t": t0 - 1}) == [(400, 1600)]
     assert splits.pending_suffixes({**idle, "fluid_pending": []}) == [] and not splits.pending
     assert splits.budget(idle, _report(0.0), admitting=True) == full > 0
     # Requests waiting for KV room here, or a worker draining: nothing to steal onto it.

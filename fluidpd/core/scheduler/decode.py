@@ -232,7 +232,7 @@ class DecodeSide:
         if self.ready and self.bank >= 0:
             allow = self.token_cfg.eta * tpot_slack(self.slo.tpot, self.decode, n, ctx)
             while self.ready:
-                t = self.suffix.time(self.ready[0].stolen)
+                t = self.suffix.of_prompt(self.ready[0].stolen, self.ready[0].prompt_len)
                 if suffix and suffix_s + t > allow:
                     break
                 suffix.append(self.ready.popleft())
@@ -488,6 +488,17 @@ class DecodeSide:
     def dpi_adm(self) -> float:
         return dpi_adm(self.allocatable(), self.kv_capacity)
 
+    def pending_suffixes(self) -> list[tuple[int, int]]:
+        """(tokens, prefix) of every suffix committed here and not yet run: its request is
+        reserved (the prefix KV on its way) or ready (the prefix here)."""
+        prompts = {req.rid: req.prompt_len for req in self.ready}
+        out = []
+        for rid, tokens in self.suffix_of.items():
+            req = self.reserved.get(rid)
+            prompt = req.prompt_len if req is not None else prompts.get(rid, tokens)
+            out.append((tokens, max(0, prompt - tokens)))
+        return out
+
     def steal_budget(self, n_prefill: int) -> float:
         """Per-prefill-worker stealing budget this worker advertises (eqs. 12-17,
         ``advertised_budget``); 0 while requests already wait for KV here or the requests
@@ -498,7 +509,7 @@ class DecodeSide:
             self.suffix,
             len(self.active),
             self.context,
-            self.suffix_of.values(),
+            self.pending_suffixes(),
             self.dpi_load(),
             n_prefill,
             self.token_cfg,

@@ -212,7 +212,10 @@ class Worker:
         elif len(batch.suffix) == 1:
             # The extend's share of a mixed iteration: the rest is a regular decode step.
             plain = self.decode.decode.time(batch.batch, batch.context) if batch.batch else 0.0
-            sfx = self.calibrator.observe_suffix(batch.suffix[0].stolen, measured_s - plain)
+            req = batch.suffix[0]
+            sfx = self.calibrator.observe_suffix(
+                req.stolen, measured_s - plain, req.prompt_len - req.stolen
+            )
             self.decode.suffix = self.prefill.suffix = sfx
 
     # -- FluidRole ----------------------------------------------------------------------------

@@ -219,7 +219,11 @@ class PrefillPlanner:
             commits = [m for m in self.side.outbox if isinstance(m, SuffixCommitted)]
             self.side.outbox.clear()
             prefix = batch.prefix_tokens
-            if q is not None and commits and not await self._commit(q.half, commits[0].tokens):
+            if (
+                q is not None
+                and commits
+                and not await self._commit(q.half, commits[0].tokens, prefix)
+            ):
                 # The decode side does not know the split: prefill everything.
                 self.side.stolen_tokens -= req.stolen
                 req.stolen = 0
@@ -279,11 +283,10 @@ class PrefillPlanner:
             except (aiohttp.ClientError, TimeoutError, ValueError):
                 await asyncio.sleep(0.05)  # the call's own answer still ends the wait
 
-    async def _commit(self, half: PrefillHalf, tokens: int) -> bool:
+    async def _commit(self, half: PrefillHalf, tokens: int, prefix: int) -> bool:
+        commit = SuffixCommit(rid=half.rid, tokens=tokens, prefix=prefix)
         try:
-            answer = await self.peers.post(
-                half.decode_url, "/v1/internal/suffix", SuffixCommit(rid=half.rid, tokens=tokens)
-            )
+            answer = await self.peers.post(half.decode_url, "/v1/internal/suffix", commit)
         except PeerError as exc:
             log.warning("suffix commit for %d not taken, prefilling it whole: %s", half.rid, exc)
             return False
@@ -324,8 +327,9 @@ class DecodeSplits:
         self.slo = slo
         self.token_cfg = token_cfg
         self.hook_url = hook_url
-        #: Suffix tokens registered with the hook and not yet run: rid -> (tokens, when).
-        self.pending: dict[int, tuple[int, float]] = {}
+        #: Suffixes registered with the hook and not yet run: rid -> (tokens, the prompt
+        #: tokens before them, when).
+        self.pending: dict[int, tuple[int, int, float]] = {}
         self.n_prefill = 1
         self.output_clip = profile.kv.reserve_output_clip
         #: The decode halves handed to this worker, clocked in SGLang's steps (``n_steps``).
@@ -343,17 +347,17 @@ class DecodeSplits:
             if r.status != 200:
                 text = (await r.text(errors="replace"))[:200]
                 raise RuntimeError(f"SGLang's FluidToken hook refused the split: {text}")
-        self.pending[body.rid] = (body.tokens, time.time())
+        self.pending[body.rid] = (body.tokens, body.prefix, time.time())
 
-    def pending_suffixes(self, snap: dict[str, Any]) -> list[int]:
-        """Token counts of the registered suffixes not yet run (those the snapshot no longer
-        lists have run, or were dropped)."""
+    def pending_suffixes(self, snap: dict[str, Any]) -> list[tuple[int, int]]:
+        """(tokens, prefix) of the registered suffixes not yet run (those the snapshot no
+        longer lists have run, or were dropped)."""
         live = set(snap.get("fluid_pending") or [])
         t = float(snap.get("t", 0.0))
-        for rid, (_, at) in list(self.pending.items()):
+        for rid, (_, _, at) in list(self.pending.items()):
             if str(rid) not in live and t > at:
                 del self.pending[rid]
-        return [tokens for tokens, _ in self.pending.values()]
+        return [(tokens, prefix) for tokens, prefix, _ in self.pending.values()]
 
     def budget(self, snap: dict[str, Any], report: PressureReport, admitting: bool) -> float:
         """B_d^steal (eq. 17) from SGLang's decode state; 0 while requests wait for KV room
