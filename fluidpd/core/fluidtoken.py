@@ -226,22 +226,23 @@ def _suffix_caps(
     a = suffix.s2 - suffix.sp
     b = suffix.s1 + suffix.sp * lengths - credit
     c = suffix.s0 - allowance
-    with np.errstate(divide="ignore", invalid="ignore"):
+    if a > 0:
+        fits = np.floor((np.sqrt(np.maximum(b * b - 4.0 * a * c, 0.0)) - b) / (2.0 * a))
+    elif a < 0:
+        # g falls from y = 1 on where its vertex -b / 2a is at or before 1 (b <= -2a), and
+        # never reaches 0 again without real roots; elsewhere the rationalised smaller root
+        # (c < 0 there). Divisors are made safe rather than warnings silenced: this runs
+        # every prefill iteration.
         disc = b * b - 4.0 * a * c
-        root = np.sqrt(np.maximum(disc, 0.0))
-        if a > 0:
-            fits = np.floor((root - b) / (2.0 * a))
-        elif a < 0:
-            # The rationalised smaller root (c < 0 there); g falls from y = 1 on where its
-            # vertex -b / 2a is at or before 1, and never reaches 0 again without real roots.
-            falls = (-b / (2.0 * a) <= 1.0) | (disc < 0) | (c >= 0)
-            fits = np.where(falls, lengths, np.floor(-2.0 * c / (b + root)))
-        else:
-            fits = np.where(b > 0, np.floor(-c / b), lengths)
-    fits = np.minimum(np.maximum(np.nan_to_num(fits, nan=0.0, posinf=0.0), 0.0), lengths)
+        falls = (b <= -2.0 * a) | (disc < 0) | (c >= 0)
+        denom = np.where(falls, 1.0, b + np.sqrt(np.maximum(disc, 0.0)))
+        fits = np.where(falls, lengths, np.floor(-2.0 * c / denom))
+    else:
+        rising = b > 0
+        fits = np.where(rising, np.floor(-c / np.where(rising, b, 1.0)), lengths)
+    fits = np.minimum(np.maximum(fits, 0.0), lengths)
     # Floor of a float root can land one above the true integer bound; check and step back.
-    bad = (a * fits + b) * fits + c > 0
-    fits[bad] -= 1.0
+    fits = fits - ((a * fits + b) * fits + c > 0)
     fits[a + b + c > 0] = 0.0
     out: FloatArray = np.maximum(fits, 0.0)
     return out
@@ -284,7 +285,7 @@ def _suffix_cap(length: float, allowance: float, credit: float, suffix: SuffixPr
     if a > 0:
         fits = math.floor((root - b) / (2.0 * a))
     elif a < 0:
-        falls = -b / (2.0 * a) <= 1.0 or disc < 0 or c >= 0
+        falls = b <= -2.0 * a or disc < 0 or c >= 0
         fits = length if falls else math.floor(-2.0 * c / (b + root))
     else:
         fits = math.floor(-c / b) if b > 0 else length
@@ -359,7 +360,10 @@ def plan_stealing(
         behind = max(0.0, float(need[1:].max())) if n > 1 else 0.0
         stolen[0] = int(min(head_cap, fits, budget, behind))
         return StealPlan(stolen, ppi)
-    allowance = np.array([suffix.time(float(t)) for t in budget_tokens], dtype=np.float64)
+    # SuffixPredictor.time at no prefix, for every decode worker's budget at once.
+    allowance = np.where(
+        budget_tokens > 0, (suffix.s2 * budget_tokens + suffix.s1) * budget_tokens + suffix.s0, 0.0
+    )
     caps = np.minimum(
         _donor_caps(lengths_f, slack, violating, prefill, suffix),
         _suffix_caps(lengths_f, allowance[decode_index], 0.0, suffix),
