@@ -31,7 +31,9 @@ from fluidpd_sidecar.transfer_shm import ShmTransfer
 class Grid:
     prefill: list[int] = field(default_factory=lambda: [128, 256, 512, 1024, 2048, 4096, 8192])
     suffix: list[int] = field(default_factory=lambda: [64, 128, 256, 512, 1024, 2048])
-    suffix_prefix: list[int] = field(default_factory=lambda: [512, 2048])
+    # A suffix's extend attends over its prefix (``SuffixPredictor.sp``): timed at long
+    # contexts too, so that sp is measured there rather than extrapolated from 2K tokens.
+    suffix_prefix: list[int] = field(default_factory=lambda: [512, 2048, 8192])
     decode_batch: list[int] = field(default_factory=lambda: [1, 4, 8, 16, 32, 64, 128])
     decode_context: list[int] = field(default_factory=lambda: [256, 1024, 2048, 4096])
     transfer_tokens: list[int] = field(default_factory=lambda: [64, 256, 1024, 4096])
