@@ -360,10 +360,8 @@ def plan_stealing(
         behind = max(0.0, float(need[1:].max())) if n > 1 else 0.0
         stolen[0] = int(min(head_cap, fits, budget, behind))
         return StealPlan(stolen, ppi)
-    # SuffixPredictor.time at no prefix, for every decode worker's budget at once.
-    allowance = np.where(
-        budget_tokens > 0, (suffix.s2 * budget_tokens + suffix.s1) * budget_tokens + suffix.s0, 0.0
-    )
+    # The extend time each decode worker's budget stands for (eq. 16 at no prefix).
+    allowance = suffix.time(budget_tokens)
     caps = np.minimum(
         _donor_caps(lengths_f, slack, violating, prefill, suffix),
         _suffix_caps(lengths_f, allowance[decode_index], 0.0, suffix),

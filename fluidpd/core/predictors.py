@@ -66,12 +66,22 @@ class SuffixPredictor:
         if not (self.s1 > 0 and self.s0 >= 0 and self.s2 >= 0 and self.sp >= 0):
             raise ValueError("suffix predictor needs s1 > 0, s0 >= 0, s2 >= 0, sp >= 0")
 
-    def time(self, tokens: float, prefix: float = 0.0) -> float:
+    @overload
+    def time(self, tokens: float, prefix: float = 0.0) -> float: ...
+    @overload
+    def time(self, tokens: FloatArray, prefix: float | FloatArray = 0.0) -> FloatArray: ...
+    def time(
+        self, tokens: float | FloatArray, prefix: float | FloatArray = 0.0
+    ) -> float | FloatArray:
         """Predicted extend latency of a suffix of ``tokens`` tokens after ``prefix`` tokens
-        of context (0 for no suffix)."""
+        of context (0 for no suffix). Works on scalars (the scheduler's per-iteration path)
+        and on numpy arrays (a queue's or a pool's suffixes at once)."""
+        if isinstance(tokens, np.ndarray):
+            t = (self.s2 * tokens + self.s1 + self.sp * np.maximum(prefix, 0.0)) * tokens
+            return np.where(tokens > 0, t + self.s0, 0.0)
         if tokens <= 0:
             return 0.0
-        return (self.s2 * tokens + self.s1 + self.sp * max(prefix, 0.0)) * tokens + self.s0
+        return (self.s2 * tokens + self.s1 + self.sp * max(float(prefix), 0.0)) * tokens + self.s0
 
     def of_prompt(self, tokens: float, length: float) -> float:
         """T_sfx of the last ``tokens`` tokens of a ``length``-token prompt (its prefix the

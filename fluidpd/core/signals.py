@@ -70,12 +70,8 @@ def prefix_deadlines(
 ) -> FloatArray:
     """t_i^pfx-ddl = t_i^ddl - T_sfx(L_sfx,i), eq. (9), each suffix extending the rest of
     its prompt (``SuffixPredictor.of_prompt``)."""
-    sfx = np.fromiter(
-        (suffix.of_prompt(int(x), int(n)) for x, n in zip(stolen, lengths, strict=True)),
-        dtype=np.float64,
-        count=len(stolen),
-    )
-    return deadlines - sfx
+    tokens = np.asarray(stolen, dtype=np.float64)
+    return deadlines - suffix.time(tokens, np.asarray(lengths, dtype=np.float64) - tokens)
 
 
 def steal_ppi(
