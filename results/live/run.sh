@@ -194,3 +194,18 @@ fluidpd evaluate --workload azure-mixed --rps 20 --num-requests 2000 --pd 4P4D \
 # Result: static 78.2 %, FluidPD 97.4 % live (+19.3 pp; simulated 78.7 / 98.3 %), two D->P
 # switches (w5 and w6, 0.24 and 0.25 s drains), 152,622 prompt tokens stolen (simulated 148,089).
 # FluidPD >= static - 1 pp holds on both.
+
+# Issue #14, session 2026-12-05 (eleventh): both slices at f21558f (the suffix's extend cost with
+# its prefix, 105fb6b: eq. 9's deadlines, Algorithm 1's caps, the per-suffix cap and the decode
+# guard all time a suffix after its prefix). Run with --out /tmp/ev-lcp and /tmp/ev-am on the
+# otherwise idle machine (1-min load 0.9 before the long-chat FluidPD run, 1.5 after both),
+# copied without admin tokens and pid files, logs gzipped.
+fluidpd evaluate --workload long-chat-poisson --rps 4 --num-requests 240 --pd 4P4D \
+  --policies static,fluidpd --seed 0 --out results/live/long-chat-poisson-240-4rps-2026-12-05c
+# Result: static 97.1 %, FluidPD 99.2 % live (+2.1 pp; simulated 97.1 / 99.2 %), one D->P
+# switch (w5, 0.085 s drain), no prompt tokens stolen.
+fluidpd evaluate --workload azure-mixed --rps 20 --num-requests 2000 --pd 4P4D \
+  --policies static,fluidpd --seed 0 --out results/live/azure-mixed-2000-20rps-2026-12-05c
+# Result: static 77.9 %, FluidPD 97.1 % live (+19.2 pp; simulated 78.6 / 97.9 %), two D->P
+# switches (w4 and w6, 0.19 and 0.22 s drains; one proposal declined between them),
+# 146,310 prompt tokens stolen. FluidPD >= static - 1 pp holds on both.
