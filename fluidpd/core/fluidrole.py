@@ -432,6 +432,7 @@ class FluidRolePolicy:
             p.ppi_bar,
             p.prefill_busy,
             None if settled else observed,
+            self.cfg.gain_margin,
         )
 
     def _note_decode(self, now: float, p: PoolPressure, demand: Demand | None = None) -> None:

@@ -171,6 +171,20 @@ class Demand:
         """This demand at the lower bound of its rate (where a switch's gain is counted)."""
         return self.at_rate(self.rate * (1.0 - self.rate_error))
 
+    def beyond(self, margin: float) -> Demand:
+        """This demand at the busiest rate a switch that no undo can follow must carry: the
+        rate's upper bound raised by ``margin``, or the recent peak where that is higher.
+
+        The bound is itself an estimate (``RATE_Z`` standard errors leave about one window
+        in forty above it), the peak an observation. Near the decode KV knee a margin on the
+        load ratio is none on the rate: eq. (13)'s streams grow without bound as the token
+        rate nears what a worker delivers, so two decode workers of 8.8K-token chats
+        (Llama-3.1-8B/A100) hold 36 of their 49 KV slots each at 4.86 req/s and are past
+        them at 5.35."""
+        return self.at_rate(
+            max(self.peak_rate, self.rate * (1.0 + self.rate_error) * (1.0 + margin))
+        )
+
     @property
     def burst(self) -> Demand:
         """This demand at the busiest rate it may bring soon: the upper bound of the rate, or
@@ -256,6 +270,12 @@ class Forecast:
     #: The donor phase's load ratio after the switch at the window's rate itself (inf: not
     #: forecast); see ``overload_traded``.
     donor_at_rate: float = math.inf
+    #: Forecast SLO loss (``CapacityModel.loss``) before and after the switch at the rate a
+    #: switch no undo can follow must carry (``Demand.beyond``), and the arrivals over the
+    #: horizon there; see ``loses_beyond``.
+    beyond_loss_before: float = 0.0
+    beyond_loss_after: float = 0.0
+    beyond_arrivals: float = 0.0
 
     @property
     def saved(self) -> float:
@@ -287,6 +307,16 @@ class Forecast:
         """Whether the switch loses requests at the rate's lower bound beyond the Poisson
         noise of the misses there (``loses``)."""
         return loses(self.loss_before, self.loss_after, self.arrivals)
+
+    @property
+    def loses_beyond(self) -> bool:
+        """Whether the switch loses requests beyond the noise of the misses at the rate past
+        the bound (``Demand.beyond``) where the split kept still serves that rate (its
+        forecast loss there below 1; past capacity, the share it cannot serve adds to its
+        misses): a switch that turns a split which carries it into one that does not."""
+        return self.beyond_loss_before < 1.0 and loses(
+            self.beyond_loss_before, self.beyond_loss_after, self.beyond_arrivals
+        )
 
     @property
     def at_mean(self) -> Forecast | None:
@@ -714,6 +744,7 @@ class CapacityModel:
         observed_prefill: float | None = None,
         observed_busy: float | None = None,
         filling_decode: float | None = None,
+        margin: float = 0.0,
     ) -> Forecast:
         """The switch's forecast. ``observed_decode`` (max of the decode pool's DPI-bar_load
         and DPI-bar_adm, the same ratio measured) and ``observed_prefill`` (PPI-bar: queued
@@ -721,6 +752,9 @@ class CapacityModel:
         workers' measured busy fraction; see ``prefill_scale``) rescale the forecasts of the
         current split, so that the model is only trusted for how the load changes with the
         pool size.
+
+        ``margin`` raises the rate's upper bound for the losses a switch no undo can follow
+        is checked at (``Demand.beyond``, ``Forecast.loses_beyond``).
 
         ``filling_decode`` is the same decode reading taken before the pool has settled (it
         is still filling, since the first arrival or the last switch): a lower bound of its
@@ -784,6 +818,7 @@ class CapacityModel:
             donor = p_scale * self.prefill_ratio(peak, left.n_prefill)
             donor_before = p_scale * self.prefill_ratio(peak, split.n_prefill)
             donor_busy = p_scale * self.prefill_busy(peak, left.n_prefill)
+        beyond = d.beyond(margin)
         return Forecast(
             before,
             after,
@@ -813,6 +848,9 @@ class CapacityModel:
             mean_loss_during=self.loss(d, split.during(source), scale, p_scale),
             mean_arrivals=d.rate * horizon_s,
             donor_at_rate=at_rate[source],
+            beyond_loss_before=self.loss(beyond, split, scale, p_scale),
+            beyond_loss_after=self.loss(beyond, left, scale, p_scale),
+            beyond_arrivals=beyond.rate * horizon_s,
         )
 
 
@@ -1020,6 +1058,18 @@ def clearly_worth(
     still undo is checked by its mean, as before: the same check on every switch refused
     the right ones of overloaded long-prompt deployments (34.4 -> 15.6 %).
 
+    A ``final`` switch must also not lose requests at the rate's bound raised by ``margin``
+    (``Forecast.loses_beyond``) where the split kept still serves that rate. The margin on
+    the rate is what stands for the forecast's error near the decode KV knee, where the
+    load ratio rises steeply with it. 5P3D -> 6P2D of 8.8K-token chats (Llama-3.1-8B/A100,
+    2 s TTFT, 4.17 req/s over the window, the second switch in 83 s) read the two decode
+    workers left at 0.79 of capacity at the bound (4.86 req/s) and lost nothing there; over
+    the next 80 s the trace ran at 4.8-5.25 req/s and 6P2D missed TTFT for 41-65 % of the
+    requests (static 72.9 %, FluidPD 83.4 %, 96.8 % with this check; 5P3D 95.9 %). Where
+    the split kept fails at that rate too, the check does not apply: asked of the donor's
+    added misses there instead, it refused the right second switch of overloaded
+    long-prompt deployments (Qwen3-30B-A3B/A100, 8 workers, strict: 54.1 -> 34.2 %).
+
     The lower bound of the rate hides a gain where the split kept misses nothing there.
     Long generations of long prompts (Qwen3-30B-A3B/A100, 2P2D, 0.76 req/s, 32-51 arrivals a
     window: the lower bound 32-41 % under the window's rate) read no loss at the lower bound
@@ -1040,7 +1090,7 @@ def clearly_worth(
     no undo left (stress draw 4, cell 5: 89.7 -> 73.6 %)."""
     if math.isnan(f.gain) or math.isnan(f.cost) or math.isnan(f.donor_after):
         return False
-    if final and f.donor_tail > margin:
+    if final and (f.donor_tail > margin or f.loses_beyond):
         return False
     keeps_up = donor_keeps_up(f) and not f.loses_at_peak
     if gain_clear(f, margin):

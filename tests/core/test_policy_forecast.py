@@ -92,7 +92,9 @@ def test_switch_taken_only_when_forecast_gain_beats_cost(
     # What the policy observed: decode DPI 0.05 (settled: a full window, no switch yet; the
     # pool average as the policy sums it) and PPI-bar 3.0.
     observed = sum([0.05] * n_d) / n_d
-    f = MODEL.forecast(d, Split(n_p, n_d), Role.DECODE, CFG.horizon_s, True, observed, 3.0)
+    f = MODEL.forecast(
+        d, Split(n_p, n_d), Role.DECODE, CFG.horizon_s, True, observed, 3.0, margin=CFG.gain_margin
+    )
     assert repr(policy.last_forecast) == repr(f)  # repr: nan == nan
     took = isinstance(decision, SwitchDecision)
     # PPI-bar 3.0 with no busy report is prefill saturation, decode at 0.05 is not: the
@@ -293,7 +295,9 @@ def test_requests_waiting_for_decode_kv_read_past_a_full_pool() -> None:
     )
 
     def forecast(observed: float) -> Forecast:
-        return MODEL.forecast(d, Split(2, 4), Role.DECODE, CFG.horizon_s, True, observed, 3.0)
+        return MODEL.forecast(
+            d, Split(2, 4), Role.DECODE, CFG.horizon_s, True, observed, 3.0, margin=CFG.gain_margin
+        )
 
     assert repr(policy.last_forecast) == repr(forecast(0.3 + waiting))
     assert forecast(0.3 + waiting).donor_after > forecast(0.3).donor_after
@@ -325,7 +329,9 @@ def test_a_lull_does_not_calibrate_the_decode_model_down() -> None:
     assert policy.refused == 60
 
     def forecast(observed: float) -> Forecast:
-        return MODEL.forecast(d, Split(2, 4), Role.DECODE, CFG.horizon_s, True, observed, 3.0)
+        return MODEL.forecast(
+            d, Split(2, 4), Role.DECODE, CFG.horizon_s, True, observed, 3.0, margin=CFG.gain_margin
+        )
 
     policy.observe(60.0, fleet(2, 4, 3.0, 0.0, 0.0), d)
     assert repr(policy.last_forecast) == repr(forecast(60 * 0.4 / 61))
@@ -450,7 +456,9 @@ def test_the_policy_reads_an_unsettled_decode_pool_as_a_lower_bound() -> None:
     assert d.seen_s < MODEL.fill_seconds(d, 3)
     policy = FluidRolePolicy(CFG, MODEL)
     policy.observe(0.0, fleet(3, 3, 3.0, 0.3, 0.3), d)
-    f = MODEL.forecast(d, Split(3, 3), Role.DECODE, CFG.horizon_s, True, None, 3.0, None, 0.3)
+    f = MODEL.forecast(
+        d, Split(3, 3), Role.DECODE, CFG.horizon_s, True, None, 3.0, None, 0.3, CFG.gain_margin
+    )
     assert repr(policy.last_forecast) == repr(f)
     model_only = MODEL.forecast(d, Split(3, 3), Role.DECODE, CFG.horizon_s, True, None, 3.0)
     assert f.donor_after > model_only.donor_after
@@ -1038,6 +1046,39 @@ def test_the_last_switch_of_the_budget_must_keep_its_donors_misses_small() -> No
     tail = replace(gains, donor_tail=0.2)
     assert clearly_worth(tail, 0.1) and not clearly_worth(tail, 0.1, final=True)
     assert clearly_worth(replace(gains, donor_tail=0.05), 0.1, final=True)
+
+
+def test_the_last_switch_of_the_budget_must_not_lose_past_the_rates_bound() -> None:
+    # A switch that gains at the lower bound and keeps its donor up at the peak, but that
+    # would lose most requests at the bound raised by the margin, where the split kept
+    # loses 5 %: the budget's last switch is refused, one it can still undo goes.
+    gains = Forecast(0.5, 0.4, 0.5, 1.0, 12.0, 0.0, 0.5, 0.2, 0.1, 0.2, 1000.0)
+    risky = replace(gains, beyond_loss_before=0.05, beyond_loss_after=0.6, beyond_arrivals=600)
+    assert risky.loses_beyond and not gains.loses_beyond
+    assert clearly_worth(risky, 0.1) and not clearly_worth(risky, 0.1, final=True)
+    assert clearly_worth(gains, 0.1, final=True)
+    # Within the noise of the misses there (sqrt(0.05 x 600) = 5.5 requests), no loss.
+    noise = replace(risky, beyond_loss_after=0.05 + 5.0 / 600)
+    assert not noise.loses_beyond and clearly_worth(noise, 0.1, final=True)
+    # Where the split kept fails at that rate itself, the check does not apply.
+    failing = replace(risky, beyond_loss_before=1.2, beyond_loss_after=1.4)
+    assert not failing.loses_beyond and clearly_worth(failing, 0.1, final=True)
+
+
+def test_the_rate_past_the_bound_is_the_bound_raised_by_the_margin_or_the_peak() -> None:
+    d = Demand(4.0, 8000, 400, float(MODEL.prefill.time(8000)), 250, True, 3.9)
+    bound = d.rate * (1.0 + d.rate_error)
+    assert d.beyond(0.1).rate == pytest.approx(bound * 1.1)
+    assert d.beyond(0.0).rate == pytest.approx(d.burst.rate)
+    # A recent peak above it is what the switch must carry.
+    assert replace(d, peak_rate=6.0).beyond(0.1).rate == 6.0
+    f = MODEL.forecast(d, Split(5, 3), Role.DECODE, 120.0, True, margin=0.1)
+    high = d.beyond(0.1)
+    assert f.beyond_loss_before == pytest.approx(MODEL.loss(high, Split(5, 3)))
+    assert f.beyond_loss_after == pytest.approx(MODEL.loss(high, Split(6, 2)))
+    assert f.beyond_arrivals == pytest.approx(high.rate * 120.0)
+    # Near the decode KV knee the raised rate asks more of the donor than the bound does.
+    assert f.beyond_loss_after > f.peak_loss_after
 
 
 def test_the_forecast_reads_the_donors_added_misses_at_the_peak() -> None:

@@ -157,3 +157,22 @@ def test_a_split_past_capacity_in_its_receiver_alone_is_traded_early() -> None:
     switch, gain = _first_switch_and_gain(cell, 1)
     assert (switch.source, switch.target) == ("prefill", "decode") and switch.t < 120.0
     assert gain > 0.15
+
+
+def test_the_last_switch_of_the_budget_holds_at_the_rate_past_its_bound() -> None:
+    """8.8K-token chats on 8 workers: after a D->P switch to 5P3D (the best split), a second
+    one to 6P2D read its two decode workers within capacity at the rate's bound, which the
+    trace then passed for 80 s; 6P2D missed TTFT for up to 65 % of the requests. As the
+    budget's last switch it must not lose at the bound raised by the margin, where 5P3D
+    still serves: FluidPD stays at 5P3D."""
+    cell = Cell("long-chat-poisson", ("llama-3.1-8b", "a100-80gb"), "medium", 8, 0.9)
+    setup = setup_cell(cell, 0, SIZES["full"])
+    assert setup is not None
+    run = simulate(setup.workload, replace(setup.base, mechanisms=MECHANISMS["fluidpd"]))
+    assert [(s.source, s.target) for s in run.switches] == [("decode", "prefill")]
+    best = simulate(
+        setup.workload,
+        replace(setup.base, mechanisms=MECHANISMS["static"], n_prefill=5, n_decode=3),
+    )
+    fluid, five = (attainment(r.requests, setup.base.slo) for r in (run, best))
+    assert fluid >= five - 0.02
