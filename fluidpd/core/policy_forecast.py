@@ -1063,9 +1063,9 @@ def clearly_worth(
     the rate is what stands for the forecast's error near the decode KV knee, where the
     load ratio rises steeply with it. 5P3D -> 6P2D of 8.8K-token chats (Llama-3.1-8B/A100,
     2 s TTFT, 4.17 req/s over the window, the second switch in 83 s) read the two decode
-    workers left at 0.79 of capacity at the bound (4.86 req/s) and lost nothing there; over
-    the next 80 s the trace ran at 4.8-5.25 req/s and 6P2D missed TTFT for 41-65 % of the
-    requests (static 72.9 %, FluidPD 83.4 %, 96.8 % with this check; 5P3D 95.9 %). Where
+    workers left at 0.79 of capacity at the bound (4.86 req/s) and lost nothing there; for
+    the next minute the trace ran at 4.8-5.25 req/s, and 6P2D missed TTFT for 41-65 % of
+    the requests (static 72.9 %, FluidPD 83.4 %, 96.8 % with this check; 5P3D 95.9 %). Where
     the split kept fails at that rate too, the check does not apply: asked of the donor's
     added misses there instead, it refused the right second switch of overloaded
     long-prompt deployments (Qwen3-30B-A3B/A100, 8 workers, strict: 54.1 -> 34.2 %).
