@@ -189,7 +189,7 @@ class Demand:
     def burst(self) -> Demand:
         """This demand at the busiest rate it may bring soon: the upper bound of the rate, or
         the recent peak if that is higher (the donor of a switch must carry it)."""
-        return self.at_rate(max(self.peak_rate, self.rate * (1.0 + self.rate_error)))
+        return self.beyond(0.0)
 
 
 @dataclass(frozen=True, slots=True)

@@ -83,10 +83,16 @@ class SuffixPredictor:
             return 0.0
         return (self.s2 * tokens + self.s1 + self.sp * max(float(prefix), 0.0)) * tokens + self.s0
 
-    def of_prompt(self, tokens: float, length: float) -> float:
+    @overload
+    def of_prompt(self, tokens: float, length: float) -> float: ...
+    @overload
+    def of_prompt(self, tokens: FloatArray, length: FloatArray) -> FloatArray: ...
+    def of_prompt(
+        self, tokens: float | FloatArray, length: float | FloatArray
+    ) -> float | FloatArray:
         """T_sfx of the last ``tokens`` tokens of a ``length``-token prompt (its prefix the
-        rest)."""
-        return self.time(tokens, length - tokens)
+        rest); scalars or arrays, as ``time``."""
+        return self.time(tokens, length - tokens)  # type: ignore[arg-type]
 
     def max_tokens(self, budget_s: float, prefix: float = 0.0) -> int:
         """Inverse suffix predictor, eq. (16): the longest suffix whose time after ``prefix``

@@ -71,7 +71,7 @@ def prefix_deadlines(
     """t_i^pfx-ddl = t_i^ddl - T_sfx(L_sfx,i), eq. (9), each suffix extending the rest of
     its prompt (``SuffixPredictor.of_prompt``)."""
     tokens = np.asarray(stolen, dtype=np.float64)
-    return deadlines - suffix.time(tokens, np.asarray(lengths, dtype=np.float64) - tokens)
+    return deadlines - suffix.of_prompt(tokens, np.asarray(lengths, dtype=np.float64))
 
 
 def steal_ppi(
