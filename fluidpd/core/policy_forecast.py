@@ -172,7 +172,7 @@ class Demand:
         return self.at_rate(self.rate * (1.0 - self.rate_error))
 
     def beyond(self, margin: float) -> Demand:
-        """This demand at the busiest rate a switch that no undo can follow must carry: the
+        """This demand at the busiest rate a switch must carry without losing requests: the
         rate's upper bound raised by ``margin``, or the recent peak where that is higher.
 
         The bound is itself an estimate (``RATE_Z`` standard errors leave about one window
@@ -271,7 +271,7 @@ class Forecast:
     #: forecast); see ``overload_traded``.
     donor_at_rate: float = math.inf
     #: Forecast SLO loss (``CapacityModel.loss``) before and after the switch at the rate a
-    #: switch no undo can follow must carry (``Demand.beyond``), and the arrivals over the
+    #: switch must carry (``Demand.beyond``), and the arrivals over the
     #: horizon there; see ``loses_beyond``.
     beyond_loss_before: float = 0.0
     beyond_loss_after: float = 0.0
@@ -753,8 +753,8 @@ class CapacityModel:
         current split, so that the model is only trusted for how the load changes with the
         pool size.
 
-        ``margin`` raises the rate's upper bound for the losses a switch no undo can follow
-        is checked at (``Demand.beyond``, ``Forecast.loses_beyond``).
+        ``margin`` raises the rate's upper bound for the losses every switch is checked at
+        (``Demand.beyond``, ``Forecast.loses_beyond``).
 
         ``filling_decode`` is the same decode reading taken before the pool has settled (it
         is still filling, since the first arrival or the last switch): a lower bound of its
@@ -1058,17 +1058,25 @@ def clearly_worth(
     still undo is checked by its mean, as before: the same check on every switch refused
     the right ones of overloaded long-prompt deployments (34.4 -> 15.6 %).
 
-    A ``final`` switch must also not lose requests at the rate's bound raised by ``margin``
+    No switch may lose requests at the rate's bound raised by ``margin``
     (``Forecast.loses_beyond``) where the split kept still serves that rate. The margin on
     the rate is what stands for the forecast's error near the decode KV knee, where the
     load ratio rises steeply with it. 5P3D -> 6P2D of 8.8K-token chats (Llama-3.1-8B/A100,
     2 s TTFT, 4.17 req/s over the window, the second switch in 83 s) read the two decode
     workers left at 0.79 of capacity at the bound (4.86 req/s) and lost nothing there; for
     the next minute the trace ran at 4.8-5.25 req/s, and 6P2D missed TTFT for 41-65 % of
-    the requests (static 72.9 %, FluidPD 83.4 %, 96.8 % with this check; 5P3D 95.9 %). Where
-    the split kept fails at that rate too, the check does not apply: asked of the donor's
-    added misses there instead, it refused the right second switch of overloaded
-    long-prompt deployments (Qwen3-30B-A3B/A100, 8 workers, strict: 54.1 -> 34.2 %).
+    the requests (static 72.9 %, FluidPD 83.4 %, 96.8 % with this check; 5P3D 95.9 %). An
+    undo does not make the bet safe: a decode worker whose KV filled stays full for as long
+    as requests keep arriving near its rate, and the undo comes only once the loss is seen.
+    2P2D -> 3P1D of 8.5K-token chats (Llama-3.1-8B/A100, 3 s TTFT), taken 22 s into the
+    trace on 37 arrivals (1.68 req/s, the bound 2.66), read the lone decode worker within
+    capacity at the bound, where 3P1D lost 0.89 of the requests and 2P2D 0.72; the trace ran
+    at 1.75-2.8 req/s, the worker's KV filled at 120 s and stayed full for 150 s, and the
+    undo came at 191 s (static 89.4 %, FluidPD 88.1 %, 92.9 % with this check on every
+    switch). Where the split kept fails at that rate too, the check does not apply: asked
+    of the donor's added misses there instead, it refused the right second switch of
+    overloaded long-prompt deployments (Qwen3-30B-A3B/A100, 8 workers, strict: 54.1 ->
+    34.2 %).
 
     The lower bound of the rate hides a gain where the split kept misses nothing there.
     Long generations of long prompts (Qwen3-30B-A3B/A100, 2P2D, 0.76 req/s, 32-51 arrivals a
@@ -1090,7 +1098,7 @@ def clearly_worth(
     no undo left (stress draw 4, cell 5: 89.7 -> 73.6 %)."""
     if math.isnan(f.gain) or math.isnan(f.cost) or math.isnan(f.donor_after):
         return False
-    if final and (f.donor_tail > margin or f.loses_beyond):
+    if (final and f.donor_tail > margin) or f.loses_beyond:
         return False
     keeps_up = donor_keeps_up(f) and not f.loses_at_peak
     if gain_clear(f, margin):

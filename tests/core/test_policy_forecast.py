@@ -1048,21 +1048,21 @@ def test_the_last_switch_of_the_budget_must_keep_its_donors_misses_small() -> No
     assert clearly_worth(replace(gains, donor_tail=0.05), 0.1, final=True)
 
 
-def test_the_last_switch_of_the_budget_must_not_lose_past_the_rates_bound() -> None:
+def test_no_switch_may_lose_past_the_rates_bound() -> None:
     # A switch that gains at the lower bound and keeps its donor up at the peak, but that
     # would lose most requests at the bound raised by the margin, where the split kept
-    # loses 5 %: the budget's last switch is refused, one it can still undo goes.
+    # loses 5 %: refused, whether or not the budget could still undo it.
     gains = Forecast(0.5, 0.4, 0.5, 1.0, 12.0, 0.0, 0.5, 0.2, 0.1, 0.2, 1000.0)
     risky = replace(gains, beyond_loss_before=0.05, beyond_loss_after=0.6, beyond_arrivals=600)
     assert risky.loses_beyond and not gains.loses_beyond
-    assert clearly_worth(risky, 0.1) and not clearly_worth(risky, 0.1, final=True)
-    assert clearly_worth(gains, 0.1, final=True)
+    assert not clearly_worth(risky, 0.1) and not clearly_worth(risky, 0.1, final=True)
+    assert clearly_worth(gains, 0.1) and clearly_worth(gains, 0.1, final=True)
     # Within the noise of the misses there (sqrt(0.05 x 600) = 5.5 requests), no loss.
     noise = replace(risky, beyond_loss_after=0.05 + 5.0 / 600)
-    assert not noise.loses_beyond and clearly_worth(noise, 0.1, final=True)
+    assert not noise.loses_beyond and clearly_worth(noise, 0.1)
     # Where the split kept fails at that rate itself, the check does not apply.
     failing = replace(risky, beyond_loss_before=1.2, beyond_loss_after=1.4)
-    assert not failing.loses_beyond and clearly_worth(failing, 0.1, final=True)
+    assert not failing.loses_beyond and clearly_worth(failing, 0.1)
 
 
 def test_the_rate_past_the_bound_is_the_bound_raised_by_the_margin_or_the_peak() -> None:

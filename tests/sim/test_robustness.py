@@ -176,3 +176,20 @@ def test_the_last_switch_of_the_budget_holds_at_the_rate_past_its_bound() -> Non
     )
     fluid, five = (attainment(r.requests, setup.base.slo) for r in (run, best))
     assert fluid >= five - 0.02
+
+
+def test_a_switch_an_undo_could_follow_holds_at_the_rate_past_its_bound_too() -> None:
+    """8.5K-token chats on 2P2D, 37 arrivals in: 3P1D read its lone decode worker within
+    capacity at the rate's upper bound, but losing most requests at the bound raised by the
+    margin, where 2P2D still serves. Taken, the worker's KV filled at 120 s and stayed full
+    until the undo at 191 s (static 89.4 %, FluidPD 88.1 %). The undo the budget still
+    allowed does not make the bet safe: FluidPD keeps 2P2D through the trace's load."""
+    cell = Cell("long-chat-poisson", ("llama-3.1-8b", "a100-80gb"), "relaxed", 4, 0.9)
+    setup = setup_cell(cell, 1, SIZES["full"])
+    assert setup is not None
+    run = simulate(setup.workload, replace(setup.base, mechanisms=MECHANISMS["fluidpd"]))
+    end = max(r.arrival for r in run.requests)
+    assert all(s.t > end - 30.0 for s in run.switches)
+    static = simulate(setup.workload, replace(setup.base, mechanisms=MECHANISMS["static"]))
+    fluid, kept = (attainment(r.requests, setup.base.slo) for r in (run, static))
+    assert fluid >= kept - 0.01
