@@ -223,3 +223,16 @@ fluidpd evaluate --workload azure-mixed --rps 20 --num-requests 2000 --pd 4P4D \
 # Result: static 78.3 %, FluidPD 97.5 % live (+19.2 pp; simulated 78.6 / 97.9 %), two D->P
 # switches (w6 and w7, 0.31 and 0.20 s drains; one proposal declined), 143,216 prompt tokens
 # stolen. FluidPD >= static - 1 pp holds on both.
+
+# Issue #14 at 37347f6 (every switch checked at the rate past the bound), run with --out
+# /tmp/d2/ev-lcp and /tmp/d2/ev-am on the otherwise idle machine (1-min load 0.3 before, 0.5
+# after), copied without admin tokens and pid files, logs gzipped.
+fluidpd evaluate --workload long-chat-poisson --rps 4 --num-requests 240 --pd 4P4D \
+  --policies static,fluidpd --seed 0 --out results/live/long-chat-poisson-240-4rps-2026-12-05e
+# Result: static 97.5 %, FluidPD 99.2 % live (+1.7 pp; simulated 97.1 / 99.2 %), one D->P
+# switch (w5), no prompt tokens stolen.
+fluidpd evaluate --workload azure-mixed --rps 20 --num-requests 2000 --pd 4P4D \
+  --policies static,fluidpd --seed 0 --out results/live/azure-mixed-2000-20rps-2026-12-05e
+# Result: static 78.5 %, FluidPD 96.2 % live (+17.8 pp; simulated 78.6 / 97.9 %), two D->P
+# switches (w6 and w7; one proposal declined between them), 141,959 prompt tokens stolen.
+# FluidPD >= static - 1 pp holds on both.
