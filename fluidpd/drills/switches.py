@@ -28,16 +28,26 @@ async def switch_once(
     source: str,
     drain: str,
     timeout_s: float = 60.0,
+    pool_wait_s: float = 10.0,
 ) -> dict[str, Any] | None:
-    """Switches one Active worker of role ``source`` (the least loaded); waits for Active."""
-    workers = await _workers(session, endpoint)
-    pool = [
-        w
-        for w in workers.values()
-        if w["role"] == source and w["state"] == "active" and w["healthy"]
-    ]
-    if len(pool) < 2:
-        return None
+    """Switches one Active worker of role ``source`` (the least loaded); waits for Active.
+
+    None when the role never has two Active healthy workers within ``pool_wait_s``: the
+    router's view of the worker switched last can lag its finish by a poll, and read then,
+    the drill skipped a switch on a loaded machine."""
+    t_pool = time.time()
+    while True:
+        workers = await _workers(session, endpoint)
+        pool = [
+            w
+            for w in workers.values()
+            if w["role"] == source and w["state"] == "active" and w["healthy"]
+        ]
+        if len(pool) >= 2:
+            break
+        if time.time() - t_pool >= pool_wait_s:
+            return None
+        await asyncio.sleep(0.1)
     victim = min(pool, key=lambda w: (w["batch"] + w["queue_len"], w["worker"]))
     target = "decode" if source == "prefill" else "prefill"
     decode_urls = [
