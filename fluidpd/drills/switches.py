@@ -35,17 +35,14 @@ async def switch_once(
     None when the role never has two Active healthy workers within ``pool_wait_s``: the
     router's view of the worker switched last can lag its finish by a poll, and read then,
     the drill skipped a switch on a loaded machine."""
-    t_pool = time.time()
+    deadline = time.time() + pool_wait_s
     while True:
         workers = await _workers(session, endpoint)
-        pool = [
-            w
-            for w in workers.values()
-            if w["role"] == source and w["state"] == "active" and w["healthy"]
-        ]
+        pool = [w for w in workers.values()
+                if w["role"] == source and w["state"] == "active" and w["healthy"]]  # fmt: skip
         if len(pool) >= 2:
             break
-        if time.time() - t_pool >= pool_wait_s:
+        if time.time() >= deadline:
             return None
         await asyncio.sleep(0.1)
     victim = min(pool, key=lambda w: (w["batch"] + w["queue_len"], w["worker"]))
