@@ -29,7 +29,9 @@ Each cell is then put in the first class that fits:
     python causal.py ../full/cells.jsonl causal/seed0.jsonl [SEED]
 
 writes one JSON row per cell (the cell, its bars, the five scripted attainments and switch
-counts, the oracle's splits and the class per bar) and prints a count per bar and class.
+counts, the oracle's splits and the class per bar) and prints a count per bar and class;
+``python causal.py --summary causal/seed*.jsonl`` prints the counts of every seed and the cells
+of the last three classes (``causal/summary.txt``).
 """
 
 from __future__ import annotations
@@ -164,7 +166,50 @@ def main(cells: str, out: str, seed: int) -> None:
         print(f"{bar}: {sum(counts[bar, c] for c in CLASSES)} cells: {row}")
 
 
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}"
+
+
+def summary(paths: list[str]) -> None:
+    """Prints the counts per seed, bar and class of ``causal/seedN.jsonl`` files (N from each
+    name), then every cell a controller switching 15 s or later into a window could meet."""
+    seeds = [(int(Path(p).stem.removeprefix("seed")), p) for p in paths]
+    rows = [(s, json.loads(line)) for s, p in seeds for line in Path(p).read_text().splitlines()]
+    total: Counter[tuple[str, str]] = Counter()
+    for seed, _ in seeds:
+        for bar in ("oracle-2pp", "half-gain"):
+            c = Counter(r["classes"][bar] for s, r in rows if s == seed and bar in r["classes"])
+            total.update({(bar, k): v for k, v in c.items()})
+            listed = ", ".join(f"{k} {c[k]}" for k in CLASSES)
+            print(f"seed {seed} {bar}: {sum(c.values())} cells: {listed}")
+    for bar in ("oracle-2pp", "half-gain"):
+        listed = ", ".join(f"{k} {total[bar, k]}" for k in CLASSES)
+        print(f"all seeds {bar}: {sum(total[bar, k] for k in CLASSES)} cells: {listed}")
+    print(
+        "\ncells a controller switching 15 s or later into the window could meet (classes fast,"
+        " early, policy);\nattainments in %: static, FluidPD, oracle, then the scripted"
+        " controller at D = 15 / 30 / 60 s"
+    )
+    print(
+        "seed workload profile slo workers x static fluidpd oracle b15 b30 b60 oracle-split class"
+    )
+    for seed, r in rows:
+        late = {b: c for b, c in r["classes"].items() if c in CLASSES[3:]}
+        if not late:
+            continue
+        split = " ".join(f"{k}:{v}" for k, v in r["splits"].items())
+        cls = " ".join(f"{b}:{c}" for b, c in r["classes"].items())
+        nums = " ".join(_pct(r[k]) for k in ("static", "fluidpd", "oracle", "b15", "b30", "b60"))
+        print(
+            f"{seed} {r['workload']} {r['model']}/{r['gpu']} {r['slo']} {r['workers']}w"
+            f" {r['fraction']}x {nums} {split} {cls}"
+        )
+
+
 if __name__ == "__main__":
-    if len(sys.argv) not in (3, 4):
-        sys.exit("usage: python causal.py CELLS.jsonl OUT.jsonl [SEED]")
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]) if len(sys.argv) == 4 else 0)
+    if len(sys.argv) >= 3 and sys.argv[1] == "--summary":
+        summary(sys.argv[2:])
+    elif len(sys.argv) in (3, 4):
+        main(sys.argv[1], sys.argv[2], int(sys.argv[3]) if len(sys.argv) == 4 else 0)
+    else:
+        sys.exit("usage: python causal.py CELLS.jsonl OUT.jsonl [SEED] | --summary SEED0.jsonl ...")
