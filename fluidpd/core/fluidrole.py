@@ -8,7 +8,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from fluidpd.core.policy_forecast import CapacityModel, Demand, Forecast, Split, clearly_worth
+from fluidpd.core.policy_forecast import (
+    CapacityModel,
+    Demand,
+    Forecast,
+    Split,
+    clearly_worth,
+    shares_overload,
+)
 from fluidpd.core.types import DrainMode, Role, RoleState
 
 #: Seconds of decode-pool pressure the policy keeps for calibration (longer than any demand
@@ -304,6 +311,9 @@ class FluidRolePolicy:
     _ends: deque[float] = field(default_factory=deque)
     _check: _Check | None = None
     _undo_due: _Check | None = None
+    #: The last switch was taken on ``overload_shared`` (its donor past capacity at a peak
+    #: where the split it left fails too): nothing reverses it inside the reversal cooldown.
+    _shared_overload: bool = False
     #: A checked switch still watched until the end of its reversal cooldown (``_watch``),
     #: and since when its donor has been starved without a break.
     _watch: _Check | None = None
@@ -403,8 +413,20 @@ class FluidRolePolicy:
                 # never reached the forecast that won at 4-5 s).
                 self.refused += 1
                 return Recommendation.NONE
+        shared = forecast is not None and shares_overload(
+            forecast,
+            self.cfg.gain_margin,
+            gate is not _Gate.SAFE and donor_starved(source.other, pressure, self.cfg),
+        )
         decision = self._commit(
-            now, workers, source, rec, pressure, forecast, demand if predictive else None
+            now,
+            workers,
+            source,
+            rec,
+            pressure,
+            forecast,
+            demand if predictive else None,
+            shared=shared,
         )
         if decision is not None and forecast is not None:
             self._check, self._watch = _Check(source, rec, math.inf), None
@@ -532,10 +554,12 @@ class FluidRolePolicy:
         forecast: Forecast | None,
         demand: Demand | None,
         undo: bool = False,
+        shared: bool = False,
     ) -> SwitchDecision | None:
         candidate = self.pick_candidate(workers, source)
         if candidate is None:
             return None
+        self._shared_overload = shared
         self._switching = candidate.worker
         self._last_direction = rec
         self._switch_demand = demand
@@ -565,7 +589,11 @@ class FluidRolePolicy:
             self._watch, self._starved_since = check, None
             if donor_starved(check.source, p, self.cfg):
                 self._frozen_until[check.direction] = now + self.cfg.freeze_s
-                if demand is None or self._back_wins(now, p, demand, check.source.other):
+                # A switch taken on a shared overload waits out the cooldown (its donor
+                # saturated at the peak is what its forecast accepted).
+                if not self._shared_overload and (
+                    demand is None or self._back_wins(now, p, demand, check.source.other)
+                ):
                     self._undo_due, self._watch = check, None
         elif self._watch is not None and self._switching is None and self._undo_due is None:
             self._watch_donor(now, p, demand)
@@ -601,7 +629,10 @@ class FluidRolePolicy:
         left a decode worker, checked at 0.78 of its capacity at 1.4 req/s, missing every
         request from 160 s to 378 s at 1.2-1.5 req/s (long chats, Qwen3-14B/A100, 4 workers,
         3 s TTFT: static 70.8 %, FluidPD 48.5 %). The undo freezes the switch's direction,
-        so the split does not flap back."""
+        so the split does not flap back.
+
+        A switch taken on a shared overload (``overload_shared``) is refuted only once it is
+        older than the cooldown: its forecast accepted a donor past capacity at the peak."""
         watch = self._watch
         assert watch is not None
         if not donor_starved(watch.source, p, self.cfg):
@@ -614,7 +645,9 @@ class FluidRolePolicy:
         # (waiting for decode KV; a prefill donor is saturated only with its queue far past
         # its deadlines and its workers busy), under the load the switch was checked at.
         held_back = watch.source is Role.PREFILL or p.decode_waiting > 0
-        refuted = old or (held_back and self._within_forecast(demand, watch.source))
+        refuted = old or (
+            held_back and not self._shared_overload and self._within_forecast(demand, watch.source)
+        )
         if now - self._starved_since >= self.cfg.settle_s and refuted and self._budget_left(now):
             self._frozen_until[watch.direction] = now + self.cfg.freeze_s
             self._undo_due, self._watch = watch, None
@@ -634,9 +667,19 @@ class FluidRolePolicy:
     ) -> bool:
         """``clearly_worth``, told whether the phase that would get the worker is observed
         saturated while the donor is not (never, with ``trade`` False: the donor must keep
-        up)."""
+        up), and whether the switch may share an overload (not with ``trade`` False, nor
+        where it would reverse the last switch inside the reversal cooldown)."""
         starved = trade and donor_starved(source.other, p, self.cfg)
-        return clearly_worth(f, self.cfg.gain_margin, starved, self._final_away(now, source))
+        final = self._final_away(now, source)
+        share = trade and not self._reverses_within_cooldown(now, source)
+        return clearly_worth(f, self.cfg.gain_margin, starved, final, share)
+
+    def _reverses_within_cooldown(self, now: float, source: Role) -> bool:
+        """Whether a ``source`` switch now would reverse the last one inside the reversal
+        cooldown (a quick reversal, by the robustness suite's flapping bar)."""
+        rec = Recommendation.D_TO_P if source is Role.DECODE else Recommendation.P_TO_D
+        reverses = self._last_direction not in (Recommendation.NONE, rec)
+        return reverses and now < self._last_switch_end + self.cfg.reversal_cooldown_s
 
     def _final_away(self, now: float, source: Role) -> bool:
         """Whether a ``source`` switch now would take a decode worker away with the last switch
@@ -677,11 +720,16 @@ class FluidRolePolicy:
         -24.4 pp against static waiting out the cooldown, -11.0 reversing). A burst of long
         chats that reversed a D->P switch 212 s after it by trading overloads is held back
         (long-chat-bursty, Llama-3.1-8B/A100, 4 workers: 41.0 % reversing, 35.0 % waiting,
-        the robustness suite's bar counting the reversal as flapping)."""
+        the robustness suite's bar counting the reversal as flapping).
+
+        Nothing reverses a switch taken on a shared overload inside the cooldown
+        (``overload_shared``): a saturated donor is what its forecast accepted there."""
         if self._last_direction in (Recommendation.NONE, rec):
             return _Gate.OPEN
         if now >= self._last_switch_end + self.cfg.reversal_cooldown_s:
             return _Gate.OPEN
+        if self._shared_overload:
+            return _Gate.SHUT
         donor = Role.DECODE if rec is Recommendation.D_TO_P else Role.PREFILL
         if not donor_starved(donor.other, p, self.cfg):
             return _Gate.SHUT

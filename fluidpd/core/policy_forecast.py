@@ -276,6 +276,9 @@ class Forecast:
     beyond_loss_before: float = 0.0
     beyond_loss_after: float = 0.0
     beyond_arrivals: float = 0.0
+    #: The squared coefficient of variation of the gaps between the window's arrivals
+    #: (``Demand.arrival_cv2``; Poisson's 1 where unknown); see ``overload_shared``.
+    arrival_cv2: float = 1.0
 
     @property
     def saved(self) -> float:
@@ -290,6 +293,12 @@ class Forecast:
         """The Poisson standard deviation of the misses the kept split would see over the
         horizon, ``sqrt(loss_before * arrivals)``: a saving inside it is no evidence."""
         return math.sqrt(max(0.0, self.loss_before) * self.arrivals)
+
+    @property
+    def prefill_donor(self) -> bool:
+        """Whether the switch takes a prefill worker (its donor's busy fraction after it is
+        forecast; a decode donor's is not)."""
+        return math.isfinite(self.donor_busy_after)
 
     @property
     def loses_at_peak(self) -> bool:
@@ -851,6 +860,7 @@ class CapacityModel:
             beyond_loss_before=self.loss(beyond, split, scale, p_scale),
             beyond_loss_after=self.loss(beyond, left, scale, p_scale),
             beyond_arrivals=beyond.rate * horizon_s,
+            arrival_cv2=d.arrival_cv2 if d.arrival_cv2 > 0 else 1.0,
         )
 
 
@@ -1025,7 +1035,11 @@ class DemandWindow:
 
 
 def clearly_worth(
-    f: Forecast, margin: float, receiver_starved: bool = False, final: bool = False
+    f: Forecast,
+    margin: float,
+    receiver_starved: bool = False,
+    final: bool = False,
+    share: bool = False,
 ) -> bool:
     """Switch only if the forecast gain beats the cost with a margin (gain >= (1 + margin) x
     cost), the bottleneck falls by at least ``margin`` of its value (a gain inside the
@@ -1042,8 +1056,12 @@ def clearly_worth(
     load shifts back; the predictors compare the two phases' overloads too roughly to trade
     one for the other on the model's word alone.
 
-    The one exception needs the observation's word too (``receiver_starved``: the phase that
-    would get the worker is observed saturated and the donor is not): ``overload_traded``.
+    Two exceptions need the observation's word too. Where the phase that would get the
+    worker is observed saturated and the donor is not (``receiver_starved``), an overload
+    may be traded (``overload_traded``). Where the split kept fails at the peak as well, a
+    prefill donor that fails only there is no reason to keep it (``overload_shared``), for a
+    switch the caller lets share an overload (``share``: not an undo, nor a reversal inside
+    the cooldown, which must keep their donors up) that is not ``final``.
 
     A ``final`` switch (the caller's: one no undo could follow inside the switch budget's
     window; ``FluidRolePolicy._final_away``) must also add at most ``margin`` of the
@@ -1100,9 +1118,13 @@ def clearly_worth(
         return False
     if (final and f.donor_tail > margin) or f.loses_beyond:
         return False
-    keeps_up = donor_keeps_up(f) and not f.loses_at_peak
+    keeps_up = keeps_up_at_peak(f)
     if gain_clear(f, margin):
-        return keeps_up or (receiver_starved and overload_traded(f, margin))
+        return (
+            keeps_up
+            or (receiver_starved and overload_traded(f, margin))
+            or (share and not final and overload_shared(f, margin))
+        )
     # Where the split kept misses nothing at the rate's lower bound (less than a request
     # over the horizon), the lower bound cannot tell the splits apart, and the window's rate
     # decides, for a switch that loses nothing beyond the noise at the lower bound and keeps
@@ -1145,6 +1167,66 @@ def donor_keeps_up(f: Forecast) -> bool:
     prompt by prompt) weighs those misses against the decode pool's; a switch that leaves it
     short of throughput still may not pass."""
     return f.donor_after < 1.0 or (f.donor_before >= 1.0 and f.donor_busy_after < 1.0)
+
+
+def overload_shared(f: Forecast, margin: float) -> bool:
+    """Whether a switch whose prefill donor only the recent peak takes past capacity is
+    still worth it because the split kept is past capacity at that peak too
+    (``burst_before >= 1``): the arrivals are no burstier than Poisson's (``arrival_cv2 <=
+    1``), the switch loses nothing at the peak beyond the noise of the misses
+    (``loses_at_peak``), its donor is within capacity at the window's own rate by the margin
+    (``donor_at_rate``), and both phases' forecasts rest on their own observation.
+
+    Sparing a donor at a peak where the split kept fails anyway saves nothing there and
+    gives up the gain everywhere else. 8.8K-token chats on Qwen3-30B-A3B/A100, 3 s TTFT,
+    2P2D with its decode pool full: 1P3D's one prefill worker was at 0.87 of its capacity at
+    the window's rate and 1.07 at the rate's upper bound, where 2P2D's decode pool was at
+    1.61. Refused, 2P2D served 63.9 % (the static split's figure); taken at 115 s, 1P3D
+    served 91.5 %.
+
+    Only a prefill donor. A prefill pool past its headroom queues, and its wait tail counts
+    what that costs. A decode pool at its KV edge stops admitting, and the requests that wait
+    hold the KV they reserved (``clearly_worth``'s ``final``). Decode donors taken on the same
+    terms won up to 22 pp at one seed of the matrix (long chats on 8B/H200, 1 s TTFT). At the
+    next seed they put 9 cells below static - 1 pp (worst -8.25 pp: bursts of long
+    generations on 8B/A100, 8 workers), each leaving its decode pool past its KV at the peak.
+
+    Only where the arrivals come no more clustered than a Poisson stream's. There a peak is
+    the noise of a steady rate; in clustered arrivals it is a burst, and the trace shows it
+    again. Without this condition, prefill donors put 4 cells below static - 1 pp over the
+    matrix's three seeds, all bursty traces with c_a^2 of 1.1-1.7 at the switch. The worst
+    was 1P3D left by a P->D switch before a burst: long chats on Qwen3-30B-A3B/A100, 4
+    workers at 0.6x, 57.2 -> 46.8 % (static 57.2 %).
+
+    Such a switch bets that the peak, not the window's rate, is what passes its donor's
+    capacity, so a donor saturated at the peak is what its forecast accepted and refutes
+    nothing: ``FluidRolePolicy`` does not reverse it inside the reversal cooldown.
+
+    ``overload_traded`` trades where the split kept fails at any rate the window allows and
+    the receiver is observed saturated; this asks neither, and so it is not for the budget's
+    last switch (``clearly_worth``'s ``final``), which no undo could follow."""
+    return (
+        f.prefill_donor
+        and f.arrival_cv2 <= 1.0
+        and f.donor_observed
+        and f.receiver_observed
+        and f.burst_before >= 1.0
+        and not f.loses_at_peak
+        and f.donor_at_rate * (1.0 + margin) <= 1.0
+    )
+
+
+def shares_overload(f: Forecast, margin: float, receiver_starved: bool = False) -> bool:
+    """Whether ``clearly_worth`` takes this switch on ``overload_shared`` alone: its donor
+    does not keep up at the peak (``keeps_up_at_peak``), and no overload trade vouches for
+    it (``overload_traded``, with the receiver observed saturated)."""
+    return not keeps_up_at_peak(f) and not (receiver_starved and overload_traded(f, margin))
+
+
+def keeps_up_at_peak(f: Forecast) -> bool:
+    """The donor carries the recent peak rate (``donor_keeps_up``) and the switch loses
+    nothing there beyond the noise (``Forecast.loses_at_peak``)."""
+    return donor_keeps_up(f) and not f.loses_at_peak
 
 
 def overload_traded(f: Forecast, margin: float) -> bool:

@@ -33,11 +33,13 @@ from fluidpd.core.policy_forecast import (
     Split,
     clearly_worth,
     donor_keeps_up,
+    overload_shared,
     overload_traded,
     poisson_tail,
     prefill_headroom,
     prefill_miss,
     prefill_scale,
+    shares_overload,
 )
 from fluidpd.core.scheduler.worker import BusyWindow, Worker
 from fluidpd.core.types import SLO, Request, Role, RoleState
@@ -541,6 +543,7 @@ def test_a_taken_switch_leaves_its_donor_within_capacity_at_the_peak(
     # peak or the rate's upper bound), with the calibration the policy applied.
     f = decision.forecast
     assert f is not None
+    # (A decode donor is never taken on a shared overload: ``overload_shared``.)
     assert donor_keeps_up(f) or overload_traded(f, CFG.gain_margin)
     assert d.burst.rate >= max(peak, rate)
     # A higher peak can only hold a switch back, never bring one on.
@@ -1155,3 +1158,65 @@ def test_a_wall_clock_stepped_back_is_survived() -> None:
     policy.switch_finished("p0", 100.0)
     result = policy.observe(50.0, fleet(2, 2, 0.1, 0.1, 0.1), demand(1.0, 1000, 100))
     assert not isinstance(result, SwitchDecision)
+
+
+def _shared_switch() -> tuple[FluidRolePolicy, Demand, SwitchDecision]:
+    """2P2D for 1 req/s of 8K-token prompts with 1,600-token outputs, its decode pool full
+    with requests waiting for its KV and its prefill workers busy 55 % of the time, after a
+    peak of 1.4 req/s: the P->D switch the policy takes there."""
+    d = Demand(1.0, 8000, 1600, float(MODEL.prefill.time(8000)), 1000, True, 1.4)
+    policy = FluidRolePolicy(CFG, MODEL)
+    decision = policy.observe(0.0, fleet(2, 2, 0.2, 1.0, 1.0, 0.55, waiting=2), d)
+    assert isinstance(decision, SwitchDecision) and decision.source is Role.PREFILL
+    return policy, d, decision
+
+
+def test_a_prefill_donor_past_capacity_only_at_a_peak_the_split_kept_fails_too_may_go() -> None:
+    _, _, decision = _shared_switch()
+    f, margin = decision.forecast, CFG.gain_margin
+    assert f is not None and f.prefill_donor
+    # The one prefill worker left is past capacity at the peak, where 2P2D's decode pool is
+    # too; at the window's rate it is within capacity by the margin.
+    assert not donor_keeps_up(f) and f.burst_before >= 1.0
+    assert f.donor_at_rate * (1.0 + margin) <= 1.0 and not f.loses_at_peak
+    assert overload_shared(f, margin) and shares_overload(f, margin)
+    assert not overload_traded(f, margin)  # 2P2D is within capacity at the lower bound
+    assert clearly_worth(f, margin, share=True)
+    # Not as the budget's last switch, which no undo could follow, nor as an undo or a
+    # reversal inside the cooldown, whose donors must keep up.
+    assert not clearly_worth(f, margin, final=True, share=True)
+    assert not clearly_worth(f, margin)
+    # Each condition holds it back.
+    assert not overload_shared(replace(f, burst_before=0.99), margin)
+    assert not overload_shared(replace(f, donor_at_rate=0.95), margin)
+    assert not overload_shared(replace(f, receiver_observed=False), margin)
+    assert not overload_shared(replace(f, donor_observed=False), margin)
+    # Arrivals burstier than Poisson's: the peak is one the trace will show again.
+    assert f.arrival_cv2 == 1.0  # unknown: taken as Poisson's
+    assert not overload_shared(replace(f, arrival_cv2=1.5), margin)
+    losing = replace(f, peak_loss_after=f.peak_loss_before + 0.5)
+    assert losing.loses_at_peak and not overload_shared(losing, margin)
+    assert not clearly_worth(replace(f, burst_before=0.99), margin, share=True)
+    # A decode donor past its capacity at the peak is never shared: at its KV edge a decode
+    # pool stops admitting, and the requests that wait hold the KV they reserved.
+    decode_donor = replace(f, donor_busy_after=math.inf)
+    assert not decode_donor.prefill_donor and not overload_shared(decode_donor, margin)
+    # A donor that keeps up at the peak is no shared overload, however it is taken.
+    assert not shares_overload(replace(f, donor_after=0.5), margin)
+
+
+def test_a_switch_taken_on_a_shared_overload_is_not_reversed_inside_the_cooldown() -> None:
+    # Its one prefill worker saturates while the decode pool idles, under the load the
+    # switch was checked at: the refutation that undoes an ordinary switch inside the
+    # cooldown. Here the forecast accepted a donor past capacity at the peak, so the split
+    # waits out the cooldown, and eq. (22) asking for D->P meanwhile is shut out too.
+    policy, d, first = _shared_switch()
+    policy.switch_finished(first.worker, 1.0)
+    starved = fleet(1, 3, 3.0, 0.1, 0.1, busy=0.99)
+    for t in (12.0, 60.0, 120.0, 200.0, 290.0, 300.0):
+        assert not isinstance(policy.observe(t, starved, d), SwitchDecision)
+    assert policy.undone == 0
+    # Past the cooldown a donor still starved is refuted as any switch's, and moved back.
+    back = policy.observe(301.0, starved, d)
+    assert isinstance(back, SwitchDecision)
+    assert back.source is Role.DECODE and back.target is Role.PREFILL

@@ -193,3 +193,19 @@ def test_a_switch_an_undo_could_follow_holds_at_the_rate_past_its_bound_too() ->
     static = simulate(setup.workload, replace(setup.base, mechanisms=MECHANISMS["static"]))
     fluid, kept = (attainment(r.requests, setup.base.slo) for r in (run, static))
     assert fluid >= kept - 0.01
+
+
+def test_a_prefill_donor_that_fails_only_at_a_peak_the_split_kept_fails_too_is_given() -> None:
+    """8.8K-token chats on Qwen3-30B-A3B/A100, 3 s TTFT, 2P2D, its decode pool full: 1P3D's
+    one prefill worker is within capacity at the window's rate (0.87) and past it at the
+    rate's upper bound (1.07), where 2P2D's decode pool is further past its own (1.61).
+    Refused, FluidPD kept 2P2D (63.9 %, the static split's figure); taken at 115 s
+    (``overload_shared``), 1P3D served 91.5 %."""
+    cell = Cell("long-chat-poisson", ("qwen3-30b-a3b", "a100-80gb"), "relaxed", 4, 0.9)
+    setup = setup_cell(cell, 0, SIZES["full"])
+    assert setup is not None
+    run = simulate(setup.workload, replace(setup.base, mechanisms=MECHANISMS["fluidpd"]))
+    assert [(s.source, s.target) for s in run.switches] == [("prefill", "decode")]
+    static = simulate(setup.workload, replace(setup.base, mechanisms=MECHANISMS["static"]))
+    fluid, kept = (attainment(r.requests, setup.base.slo) for r in (run, static))
+    assert fluid >= kept + 0.2
