@@ -236,3 +236,15 @@ fluidpd evaluate --workload azure-mixed --rps 20 --num-requests 2000 --pd 4P4D \
 # Result: static 78.5 %, FluidPD 96.2 % live (+17.8 pp; simulated 78.6 / 97.9 %), two D->P
 # switches (w6 and w7; one proposal declined between them), 141,959 prompt tokens stolen.
 # FluidPD >= static - 1 pp holds on both.
+
+# Issue #14 at f0d739c (a prefill donor that fails only at a peak the split kept fails too),
+# run with --out /tmp/d3/ev-lcp and /tmp/d3/ev-am on the otherwise idle machine, copied without
+# admin tokens and pid files, logs gzipped.
+fluidpd evaluate --workload long-chat-poisson --rps 4 --num-requests 240 --pd 4P4D \
+  --policies static,fluidpd --seed 0 --out results/live/long-chat-poisson-240-4rps-2026-12-05f
+# Result: static 97.1 %, FluidPD 99.2 % live (+2.1 pp; simulated 97.1 / 99.2 %), one D->P
+# switch (w5), no prompt tokens stolen.
+fluidpd evaluate --workload azure-mixed --rps 20 --num-requests 2000 --pd 4P4D \
+  --policies static,fluidpd --seed 0 --out results/live/azure-mixed-2000-20rps-2026-12-05f
+# Result: static 78.1 %, FluidPD 95.0 % live (+16.9 pp; simulated 78.6 / 97.9 %), two D->P
+# switches (w5 and w6), 150,929 prompt tokens stolen. FluidPD >= static - 1 pp holds on both.
