@@ -416,7 +416,7 @@ class FluidRolePolicy:
         shared = forecast is not None and shares_overload(
             forecast,
             self.cfg.gain_margin,
-            gate is not _Gate.SAFE and donor_starved(source.other, pressure, self.cfg),
+            self._receiver_starved(pressure, source, trade=gate is not _Gate.SAFE),
         )
         decision = self._commit(
             now,
@@ -669,15 +669,20 @@ class FluidRolePolicy:
         saturated while the donor is not (never, with ``trade`` False: the donor must keep
         up), and whether the switch may share an overload (not with ``trade`` False, nor
         where it would reverse the last switch inside the reversal cooldown)."""
-        starved = trade and donor_starved(source.other, p, self.cfg)
+        starved = self._receiver_starved(p, source, trade)
         final = self._final_away(now, source)
-        share = trade and not self._reverses_within_cooldown(now, source)
+        rec = Recommendation.D_TO_P if source is Role.DECODE else Recommendation.P_TO_D
+        share = trade and not self._reverses_within_cooldown(now, rec)
         return clearly_worth(f, self.cfg.gain_margin, starved, final, share)
 
-    def _reverses_within_cooldown(self, now: float, source: Role) -> bool:
-        """Whether a ``source`` switch now would reverse the last one inside the reversal
-        cooldown (a quick reversal, by the robustness suite's flapping bar)."""
-        rec = Recommendation.D_TO_P if source is Role.DECODE else Recommendation.P_TO_D
+    def _receiver_starved(self, p: PoolPressure, source: Role, trade: bool) -> bool:
+        """Whether the phase a ``source`` switch would give the worker to is observed
+        saturated while the donor is not (never with ``trade`` False)."""
+        return trade and donor_starved(source.other, p, self.cfg)
+
+    def _reverses_within_cooldown(self, now: float, rec: Recommendation) -> bool:
+        """Whether ``rec`` now would reverse the last switch inside the reversal cooldown
+        (a quick reversal, by the robustness suite's flapping bar)."""
         reverses = self._last_direction not in (Recommendation.NONE, rec)
         return reverses and now < self._last_switch_end + self.cfg.reversal_cooldown_s
 
@@ -724,9 +729,7 @@ class FluidRolePolicy:
 
         Nothing reverses a switch taken on a shared overload inside the cooldown
         (``overload_shared``): a saturated donor is what its forecast accepted there."""
-        if self._last_direction in (Recommendation.NONE, rec):
-            return _Gate.OPEN
-        if now >= self._last_switch_end + self.cfg.reversal_cooldown_s:
+        if not self._reverses_within_cooldown(now, rec):
             return _Gate.OPEN
         if self._shared_overload:
             return _Gate.SHUT
