@@ -173,6 +173,9 @@ def _pct(x: float) -> str:
 def summary(paths: list[str]) -> None:
     """Prints the counts per seed, bar and class of ``causal/seedN.jsonl`` files (N from each
     name), then every cell a controller switching 15 s or later into a window could meet."""
+    for p in paths:
+        if not Path(p).stem.removeprefix("seed").isdigit() or not Path(p).is_file():
+            sys.exit(f"causal.py --summary: {p}: not a readable causal/seedN.jsonl file")
     seeds = [(int(Path(p).stem.removeprefix("seed")), p) for p in paths]
     rows = [(s, json.loads(line)) for s, p in seeds for line in Path(p).read_text().splitlines()]
     total: Counter[tuple[str, str]] = Counter()
