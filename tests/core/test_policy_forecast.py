@@ -703,7 +703,9 @@ def test_the_forecast_proposes_only_switches_that_clearly_win(
         split = Split(n_p, n_d)
         for source, pool in ((Role.DECODE, n_d), (Role.PREFILL, n_p)):
             if pool > 1:
-                f = MODEL.forecast(d, split, source, CFG.horizon_s, True, 0.05, ppi)
+                f = MODEL.forecast(
+                    d, split, source, CFG.horizon_s, True, 0.05, ppi, margin=CFG.gain_margin
+                )
                 assert not clearly_worth(f, CFG.gain_margin)
 
 
