@@ -311,9 +311,8 @@ class FluidRolePolicy:
     _ends: deque[float] = field(default_factory=deque)
     _check: _Check | None = None
     _undo_due: _Check | None = None
-    #: The last switch was taken on ``overload_shared`` with a prefill donor (past capacity
-    #: at a peak where the split it left fails too): nothing reverses it inside the reversal
-    #: cooldown. A decode donor taken so is watched as any switch's.
+    #: The last switch was taken on ``overload_shared`` (its donor past capacity at a peak
+    #: where the split it left fails too): nothing reverses it inside the reversal cooldown.
     _shared_overload: bool = False
     #: A checked switch still watched until the end of its reversal cooldown (``_watch``),
     #: and since when its donor has been starved without a break.
@@ -414,16 +413,10 @@ class FluidRolePolicy:
                 # never reached the forecast that won at 4-5 s).
                 self.refused += 1
                 return Recommendation.NONE
-        # Held against reversal only with a prefill donor: a prefill pool past its headroom
-        # queues, but a decode pool past its knee collapses, and its undo is the way out.
-        shared = (
-            forecast is not None
-            and forecast.prefill_donor
-            and shares_overload(
-                forecast,
-                self.cfg.gain_margin,
-                self._receiver_starved(pressure, source, trade=gate is not _Gate.SAFE),
-            )
+        shared = forecast is not None and shares_overload(
+            forecast,
+            self.cfg.gain_margin,
+            self._receiver_starved(pressure, source, trade=gate is not _Gate.SAFE),
         )
         decision = self._commit(
             now,

@@ -279,9 +279,6 @@ class Forecast:
     #: The squared coefficient of variation of the gaps between the window's arrivals
     #: (``Demand.arrival_cv2``; Poisson's 1 where unknown); see ``overload_shared``.
     arrival_cv2: float = 1.0
-    #: The donor phase's load ratio after the switch at the window's rate raised by the
-    #: forecast's margin (inf: not forecast); see ``overload_shared``.
-    donor_at_margin: float = math.inf
 
     @property
     def saved(self) -> float:
@@ -864,9 +861,6 @@ class CapacityModel:
             beyond_loss_after=self.loss(beyond, left, scale, p_scale),
             beyond_arrivals=beyond.rate * horizon_s,
             arrival_cv2=d.arrival_cv2 if d.arrival_cv2 > 0 else 1.0,
-            donor_at_margin=self.phase_ratios(
-                d.at_rate(d.rate * (1.0 + margin)), left, scale, p_scale
-            )[source],
         )
 
 
@@ -1176,13 +1170,12 @@ def donor_keeps_up(f: Forecast) -> bool:
 
 
 def overload_shared(f: Forecast, margin: float) -> bool:
-    """Whether a switch whose donor only the recent peak takes past capacity is still worth
-    it because the split kept is past capacity at that peak too (``burst_before >= 1``): the
-    arrivals are no burstier than Poisson's (``arrival_cv2 <= 1``), the switch loses nothing
-    at the peak beyond the noise of the misses (``loses_at_peak``), its donor is within
-    capacity at the window's own rate raised by the margin (``donor_at_margin``), both
-    phases' forecasts rest on their own observation, and a decode donor's switch saves more
-    requests at the rate's lower bound than the Poisson noise of the misses at the peak.
+    """Whether a switch whose prefill donor only the recent peak takes past capacity is
+    still worth it because the split kept is past capacity at that peak too
+    (``burst_before >= 1``): the arrivals are no burstier than Poisson's (``arrival_cv2 <=
+    1``), the switch loses nothing at the peak beyond the noise of the misses
+    (``loses_at_peak``), its donor is within capacity at the window's own rate by the margin
+    (``donor_at_rate``), and both phases' forecasts rest on their own observation.
 
     Sparing a donor at a peak where the split kept fails anyway saves nothing there and
     gives up the gain everywhere else. 8.8K-token chats on Qwen3-30B-A3B/A100, 3 s TTFT,
@@ -1191,25 +1184,12 @@ def overload_shared(f: Forecast, margin: float) -> bool:
     1.61. Refused, 2P2D served 63.9 % (the static split's figure); taken at 115 s, 1P3D
     served 91.5 %.
 
-    The margin is on the rate, not on the donor's load ratio. A prefill pool's load is linear
-    in the rate, so the two are the same. A decode pool's streams grow without bound as the
-    rate nears what it delivers. Example: long chats on 8B/A100 under a 3 s TTFT, 2P2D at
-    2.1 req/s. The one decode worker 3P1D would leave read 0.63 at the window's rate and 0.89
-    at 1.1 times it, not 0.69.
-
-    A decode donor also needs a clear saving. Past its knee a decode pool collapses. A switch
-    that bets on the peak must then bring more than the peak's chance alone.
-    - Refused: that D->P switch saved 4.1 requests at the lower bound against a noise of 18.7
-      at the peak. 2P2D with FluidToken served 92.9 %; the switch, taken without this
-      condition, left 87.8 % (static 89.4 %).
-    - Taken: long chats on 8B/H200 under a 1 s TTFT, 4 workers at 0.9x. The switch saved 56.1
-      requests against a noise of 35.4. Static served 39.1 %, FluidPD without the switch
-      48.4 %, and with it 78.8 %.
-
-    Such a decode donor is not held against reversal (``FluidRolePolicy``); a prefill donor
-    is, as below. One example is long chats on Qwen3-14B/A100 under a 3 s TTFT, 4 workers at
-    0.9x, where the one decode worker left was at its KV knee. Held, the switch served 38.8 %
-    against static's 44.0 %; undone, 53.2 %.
+    Only a prefill donor. A prefill pool past its headroom queues, and its wait tail counts
+    what that costs. A decode pool at its KV edge stops admitting, and the requests that wait
+    hold the KV they reserved (``clearly_worth``'s ``final``). Decode donors taken on the same
+    terms won up to 22 pp at one seed of the matrix (long chats on 8B/H200, 1 s TTFT). At the
+    next seed they put 9 cells below static - 1 pp (worst -8.25 pp: bursts of long
+    generations on 8B/A100, 8 workers), each leaving its decode pool past its KV at the peak.
 
     Only where the arrivals come no more clustered than a Poisson stream's. There a peak is
     the noise of a steady rate; in clustered arrivals it is a burst, and the trace shows it
@@ -1218,24 +1198,21 @@ def overload_shared(f: Forecast, margin: float) -> bool:
     was 1P3D left by a P->D switch before a burst: long chats on Qwen3-30B-A3B/A100, 4
     workers at 0.6x, 57.2 -> 46.8 % (static 57.2 %).
 
-    With a prefill donor, such a switch bets that the peak, not the window's rate, is what
-    passes its donor's capacity. A donor saturated at the peak is what its forecast accepted
-    and refutes nothing, so ``FluidRolePolicy`` does not reverse it inside the reversal
-    cooldown.
+    Such a switch bets that the peak, not the window's rate, is what passes its donor's
+    capacity, so a donor saturated at the peak is what its forecast accepted and refutes
+    nothing: ``FluidRolePolicy`` does not reverse it inside the reversal cooldown.
 
     ``overload_traded`` trades where the split kept fails at any rate the window allows and
     the receiver is observed saturated; this asks neither, and so it is not for the budget's
     last switch (``clearly_worth``'s ``final``), which no undo could follow."""
     return (
-        f.arrival_cv2 <= 1.0
+        f.prefill_donor
+        and f.arrival_cv2 <= 1.0
         and f.donor_observed
         and f.receiver_observed
         and f.burst_before >= 1.0
         and not f.loses_at_peak
-        and f.donor_at_margin <= 1.0
-        and (
-            f.prefill_donor or f.saved >= math.sqrt(max(0.0, f.peak_loss_before) * f.peak_arrivals)
-        )
+        and f.donor_at_rate * (1.0 + margin) <= 1.0
     )
 
 
