@@ -13,8 +13,9 @@ from fluidpd.core.policy_forecast import (
     Demand,
     Forecast,
     Split,
+    WorthBasis,
     clearly_worth,
-    shares_overload,
+    worth_basis,
 )
 from fluidpd.core.types import DrainMode, Role, RoleState
 
@@ -399,25 +400,21 @@ class FluidRolePolicy:
         if now < self._frozen_until.get(rec, float("-inf")) or not self._budget_left(now):
             return Recommendation.NONE
         source = Role.DECODE if rec is Recommendation.D_TO_P else Role.PREFILL
-        forecast = None
+        forecast, basis = None, None
         if predictive:
             assert demand is not None
             if not demand.reliable:
                 return Recommendation.NONE
             forecast = self._forecast(now, pressure, demand, source)
             self.last_forecast = forecast
-            if not self._worth(now, forecast, pressure, source, trade=gate is not _Gate.SAFE):
+            basis = self._worth(now, forecast, pressure, source, trade=gate is not _Gate.SAFE)
+            if basis is None:
                 # The streak is kept: the forecast is asked again next interval while the
                 # recommendation persists, so that a switch does not depend on where the
                 # refusals fell (refused at 3 s and 6 s, a count reset by each refusal
                 # never reached the forecast that won at 4-5 s).
                 self.refused += 1
                 return Recommendation.NONE
-        shared = forecast is not None and shares_overload(
-            forecast,
-            self.cfg.gain_margin,
-            self._receiver_starved(pressure, source, trade=gate is not _Gate.SAFE),
-        )
         decision = self._commit(
             now,
             workers,
@@ -426,7 +423,7 @@ class FluidRolePolicy:
             pressure,
             forecast,
             demand if predictive else None,
-            shared=shared,
+            shared=basis is WorthBasis.SHARED,
         )
         if decision is not None and forecast is not None:
             self._check, self._watch = _Check(source, rec, math.inf), None
@@ -518,7 +515,7 @@ class FluidRolePolicy:
             if pool <= keep or (source is Role.DECODE and not decode_may_give):
                 continue
             f = self._forecast(now, p, demand, source)
-            if self._worth(now, f, p, source) and f.net > best_net:
+            if self._worth(now, f, p, source) is not None and f.net > best_net:
                 best, best_net = rec, f.net
         return best
 
@@ -664,8 +661,8 @@ class FluidRolePolicy:
 
     def _worth(
         self, now: float, f: Forecast, p: PoolPressure, source: Role, trade: bool = True
-    ) -> bool:
-        """``clearly_worth``, told whether the phase that would get the worker is observed
+    ) -> WorthBasis | None:
+        """``worth_basis``, told whether the phase that would get the worker is observed
         saturated while the donor is not (never, with ``trade`` False: the donor must keep
         up), and whether the switch may share an overload (not with ``trade`` False, nor
         where it would reverse the last switch inside the reversal cooldown)."""
@@ -673,7 +670,7 @@ class FluidRolePolicy:
         final = self._final_away(now, source)
         rec = Recommendation.D_TO_P if source is Role.DECODE else Recommendation.P_TO_D
         share = trade and not self._reverses_within_cooldown(now, rec)
-        return clearly_worth(f, self.cfg.gain_margin, starved, final, share)
+        return worth_basis(f, self.cfg.gain_margin, starved, final, share)
 
     def _receiver_starved(self, p: PoolPressure, source: Role, trade: bool) -> bool:
         """Whether the phase a ``source`` switch would give the worker to is observed

@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 
 from fluidpd.core.predictors import DecodeIterPredictor, PrefillPredictor
 from fluidpd.core.profile import Profile
@@ -1034,6 +1035,17 @@ class DemandWindow:
         return max(0.0, self._gaps2 / k / (mean * mean) - 1.0)
 
 
+class WorthBasis(StrEnum):
+    """Why ``worth_basis`` takes a switch."""
+
+    #: Its donor keeps up at the recent peak (``keeps_up_at_peak``).
+    KEEPS_UP = "keeps-up"
+    #: It trades an overload for one its receiver is observed in (``overload_traded``).
+    TRADED = "traded"
+    #: The split kept fails at the peak too (``overload_shared``).
+    SHARED = "shared"
+
+
 def clearly_worth(
     f: Forecast,
     margin: float,
@@ -1041,6 +1053,17 @@ def clearly_worth(
     final: bool = False,
     share: bool = False,
 ) -> bool:
+    """Whether ``worth_basis`` takes the switch on any basis."""
+    return worth_basis(f, margin, receiver_starved, final, share) is not None
+
+
+def worth_basis(
+    f: Forecast,
+    margin: float,
+    receiver_starved: bool = False,
+    final: bool = False,
+    share: bool = False,
+) -> WorthBasis | None:
     """Switch only if the forecast gain beats the cost with a margin (gain >= (1 + margin) x
     cost), the bottleneck falls by at least ``margin`` of its value (a gain inside the
     forecast's own error is no reason to pay a drain), and the donor phase keeps within its
@@ -1115,23 +1138,25 @@ def clearly_worth(
     switch was right for the 50 s until outputs grew 2.6-fold and wrong for the rest, with
     no undo left (stress draw 4, cell 5: 89.7 -> 73.6 %)."""
     if math.isnan(f.gain) or math.isnan(f.cost) or math.isnan(f.donor_after):
-        return False
+        return None
     if (final and f.donor_tail > margin) or f.loses_beyond:
-        return False
+        return None
     keeps_up = keeps_up_at_peak(f)
     if gain_clear(f, margin):
-        return (
-            keeps_up
-            or (receiver_starved and overload_traded(f, margin))
-            or (share and not final and overload_shared(f, margin))
-        )
+        if keeps_up:
+            return WorthBasis.KEEPS_UP
+        if receiver_starved and overload_traded(f, margin):
+            return WorthBasis.TRADED
+        if share and not final and overload_shared(f, margin):
+            return WorthBasis.SHARED
+        return None
     # Where the split kept misses nothing at the rate's lower bound (less than a request
     # over the horizon), the lower bound cannot tell the splits apart, and the window's rate
     # decides, for a switch that loses nothing beyond the noise at the lower bound and keeps
     # its donor up at the peak.
     mean = f.at_mean
     blind = f.loss_before * f.arrivals < 1.0
-    return (
+    at_mean = (
         keeps_up
         and blind
         and not final
@@ -1141,6 +1166,7 @@ def clearly_worth(
         and gain_clear(mean, margin)
         and not f.loses_at_low
     )
+    return WorthBasis.KEEPS_UP if at_mean else None
 
 
 def gain_clear(f: Forecast, margin: float) -> bool:
@@ -1214,13 +1240,6 @@ def overload_shared(f: Forecast, margin: float) -> bool:
         and not f.loses_at_peak
         and f.donor_at_rate * (1.0 + margin) <= 1.0
     )
-
-
-def shares_overload(f: Forecast, margin: float, receiver_starved: bool = False) -> bool:
-    """Whether ``clearly_worth`` takes this switch on ``overload_shared`` alone: its donor
-    does not keep up at the peak (``keeps_up_at_peak``), and no overload trade vouches for
-    it (``overload_traded``, with the receiver observed saturated)."""
-    return not keeps_up_at_peak(f) and not (receiver_starved and overload_traded(f, margin))
 
 
 def keeps_up_at_peak(f: Forecast) -> bool:

@@ -31,6 +31,7 @@ from fluidpd.core.policy_forecast import (
     DemandWindow,
     Forecast,
     Split,
+    WorthBasis,
     clearly_worth,
     donor_keeps_up,
     overload_shared,
@@ -39,7 +40,7 @@ from fluidpd.core.policy_forecast import (
     prefill_headroom,
     prefill_miss,
     prefill_scale,
-    shares_overload,
+    worth_basis,
 )
 from fluidpd.core.scheduler.worker import BusyWindow, Worker
 from fluidpd.core.types import SLO, Request, Role, RoleState
@@ -1181,7 +1182,8 @@ def test_a_prefill_donor_past_capacity_only_at_a_peak_the_split_kept_fails_too_m
     # too; at the window's rate it is within capacity by the margin.
     assert not donor_keeps_up(f) and f.burst_before >= 1.0
     assert f.donor_at_rate * (1.0 + margin) <= 1.0 and not f.loses_at_peak
-    assert overload_shared(f, margin) and shares_overload(f, margin)
+    assert overload_shared(f, margin)
+    assert worth_basis(f, margin, share=True) is WorthBasis.SHARED
     assert not overload_traded(f, margin)  # 2P2D is within capacity at the lower bound
     assert clearly_worth(f, margin, share=True)
     # Not as the budget's last switch, which no undo could follow, nor as an undo or a
@@ -1204,7 +1206,7 @@ def test_a_prefill_donor_past_capacity_only_at_a_peak_the_split_kept_fails_too_m
     decode_donor = replace(f, donor_busy_after=math.inf)
     assert not decode_donor.prefill_donor and not overload_shared(decode_donor, margin)
     # A donor that keeps up at the peak is no shared overload, however it is taken.
-    assert not shares_overload(replace(f, donor_after=0.5), margin)
+    assert worth_basis(replace(f, donor_after=0.5), margin, share=True) is WorthBasis.KEEPS_UP
 
 
 def test_a_switch_taken_on_a_shared_overload_is_not_reversed_inside_the_cooldown() -> None:
