@@ -24,7 +24,13 @@ that: where it ranks splits wrongly at the true demand, no bound or calibration 
 forecast right.
 
     python accuracy.py simulate model-accuracy/seed0.jsonl [SEED]    # about 4 min, 2 cores
-    python accuracy.py score model-accuracy/seed0.jsonl [--worst N]  # seconds
+    python accuracy.py score model-accuracy/seed0.jsonl [--worst N] [--idc 5]  # seconds
+
+``score`` also prints the prefill queue's forecast misses against the simulated TTFT misses
+(``prefill_bias``), reading the arrivals' variability as the policy does (c_a^2 of the gaps)
+and as the index of dispersion of their counts. ``--idc BIN_S`` ranks the splits with that
+index (of the counts per ``BIN_S`` seconds, one of ``IDC_BINS_S``) in place of c_a^2 where it
+is higher.
 
 (run from ``results/robustness/``; ``summary.txt`` is the output of ``score --worst 25``).
 """
@@ -38,13 +44,27 @@ from dataclasses import asdict, replace
 from multiprocessing import Pool
 from typing import Any
 
+import numpy as np
+
 from fluidpd.core.fluidrole import FluidRoleConfig
 from fluidpd.core.policy_forecast import CapacityModel, Demand, DemandWindow, Split
 from fluidpd.profiles import resolve_profile
 from fluidpd.sim import robustness as rb
-from fluidpd.sim.metrics import attainment
+from fluidpd.sim.metrics import attainment, good_mask
 from fluidpd.sim.policies import MECHANISMS
 from fluidpd.sim.simulator import simulate
+
+#: Bin widths (seconds) of the arrival counts whose index of dispersion each row keeps.
+IDC_BINS_S = (2.0, 5.0, 10.0, 30.0)
+
+
+def index_of_dispersion(arrivals: Any, bin_s: float) -> float:
+    """Variance over mean of the arrivals counted per ``bin_s`` (the last, partial bin left
+    out): 1 for a Poisson stream at any width, more where arrivals cluster at that scale."""
+    counts = np.bincount((np.asarray(arrivals) // bin_s).astype(int))[:-1]
+    if len(counts) < 2 or counts.mean() <= 0:
+        return 1.0
+    return float(counts.var() / counts.mean())
 
 
 def _simulate_cell(args: tuple[rb.Cell, int]) -> dict[str, Any] | None:
@@ -57,7 +77,7 @@ def _simulate_cell(args: tuple[rb.Cell, int]) -> dict[str, Any] | None:
     for t, p, o in zip(w.arrivals, w.prompt_lens, w.output_lens, strict=True):
         window.add(float(t), int(p), int(o))
     demand = window.demand(float(w.arrivals[-1]))
-    static = {}
+    static, ttft_miss, tpot_miss = {}, {}, {}
     for n_prefill in range(1, cell.workers):
         split = replace(
             base,
@@ -65,7 +85,11 @@ def _simulate_cell(args: tuple[rb.Cell, int]) -> dict[str, Any] | None:
             n_prefill=n_prefill,
             n_decode=cell.workers - n_prefill,
         )
-        static[n_prefill] = attainment(simulate(w, split).requests, base.slo)
+        requests = simulate(w, split).requests
+        static[n_prefill] = attainment(requests, base.slo)
+        ttft_ok, tpot_ok = good_mask(requests, base.slo)
+        ttft_miss[n_prefill] = 1.0 - float(np.mean(ttft_ok))
+        tpot_miss[n_prefill] = 1.0 - float(np.mean(tpot_ok))
     return {
         "workload": cell.workload,
         "model": cell.profile[0],
@@ -76,7 +100,10 @@ def _simulate_cell(args: tuple[rb.Cell, int]) -> dict[str, Any] | None:
         "rps": setup.rps,
         "trace_s": float(w.arrivals[-1]),
         "demand": asdict(demand),
+        "idc": {f"{t:g}": index_of_dispersion(w.arrivals, t) for t in IDC_BINS_S},
         "static": static,
+        "ttft_miss": ttft_miss,
+        "tpot_miss": tpot_miss,
     }
 
 
@@ -88,9 +115,13 @@ def simulate_rows(out: str, seed: int) -> None:
                 f.write(json.dumps(row) + "\n")
 
 
-def _demand(row: dict[str, Any]) -> Demand:
+def _demand(row: dict[str, Any], idc_bin: str | None = None) -> Demand:
+    """The row's demand; with ``idc_bin``, its arrivals' variability read as the index of
+    dispersion of their counts per that bin where that is higher than c_a^2."""
     fields = dict(row["demand"])
     fields["prefill_quantiles"] = tuple(fields["prefill_quantiles"])
+    if idc_bin is not None:
+        fields["arrival_cv2"] = max(fields["arrival_cv2"], row["idc"][idc_bin])
     return Demand(**fields)
 
 
@@ -99,7 +130,9 @@ def _model(row: dict[str, Any]) -> CapacityModel:
     return CapacityModel.from_profile(profile, rb.SLOS[row["slo"]])
 
 
-def score(rows: list[dict[str, Any]], worst: int, label: str) -> list[str]:
+def score(
+    rows: list[dict[str, Any]], worst: int, label: str, idc_bin: str | None = None
+) -> list[str]:
     lines: list[str] = []
     regrets: list[float] = []
     by_workload: dict[str, list[float]] = defaultdict(list)
@@ -110,7 +143,7 @@ def score(rows: list[dict[str, Any]], worst: int, label: str) -> list[str]:
         key = (row["model"], row["gpu"], row["slo"])
         if key not in models:
             models[key] = _model(row)
-        model, demand, n = models[key], _demand(row), row["workers"]
+        model, demand, n = models[key], _demand(row, idc_bin), row["workers"]
         static = {int(k): v for k, v in row["static"].items()}
         loss = {p: model.loss(demand, Split(p, n - p)) for p in static}
         # Ties go to the split nearer the even one, as the static baseline starts there.
@@ -145,20 +178,76 @@ def score(rows: list[dict[str, Any]], worst: int, label: str) -> list[str]:
     return lines
 
 
+def prefill_bias(rows: list[dict[str, Any]]) -> list[str]:
+    """The prefill queue's forecast misses against the simulated TTFT misses, on the splits
+    whose TTFT misses are the prefill queue's (its workers within capacity, the decode pool
+    at most half loaded), over traces of at least the forecast's horizon: with the gaps'
+    c_a^2 (``Demand.arrival_cv2``, what the policy reads), and with the index of dispersion
+    of the counts per bin where that is higher. Rows are grouped by whether their arrivals
+    cluster at 5 s (index of dispersion above 1.5)."""
+    horizon = FluidRoleConfig().horizon_s
+    keys = ["c_a^2"] + [f"IDC {t}s" for t in rows[0]["idc"]] if rows else []
+    groups: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    models: dict[tuple[str, str, str], CapacityModel] = {}
+    for row in rows:
+        if row["trace_s"] < horizon:
+            continue
+        key = (row["model"], row["gpu"], row["slo"])
+        if key not in models:
+            models[key] = _model(row)
+        model, demand, n = models[key], _demand(row), row["workers"]
+        group = "clustered" if row["idc"]["5"] > 1.5 else "not clustered"
+        for p_str, simulated in row["ttft_miss"].items():
+            p = int(p_str)
+            busy = model.prefill_busy(demand, p)
+            wait = model.prefill_wait(demand, p)
+            if busy >= 1.0 or model.decode_ratio(demand, n - p, wait) > 0.5:
+                continue
+            groups[group]["simulated"].append(simulated)
+            groups[group]["c_a^2"].append(model.queue_miss(demand, busy, p))
+            for width, idc in row["idc"].items():
+                bursty = replace(demand, arrival_cv2=max(demand.arrival_cv2, idc))
+                groups[group][f"IDC {width}s"].append(model.queue_miss(bursty, busy, p))
+    lines = []
+    for group, values in sorted(groups.items()):
+        simulated = np.array(values["simulated"])
+        lines.append(
+            f"{group}: {len(simulated)} splits, simulated TTFT misses {simulated.mean():.3f}"
+        )
+        for key in keys:
+            forecast = np.array(values[key])
+            lines.append(
+                f"  {key:10s} forecast {forecast.mean():.3f}, simulated - forecast"
+                f" {np.mean(simulated - forecast):+.3f}, mean abs error"
+                f" {np.mean(np.abs(simulated - forecast)):.3f}"
+            )
+    return lines
+
+
 def main(argv: list[str]) -> int:
     if len(argv) < 2 or argv[0] not in ("simulate", "score"):
-        print("usage: accuracy.py simulate OUT.jsonl [SEED] | score ROWS.jsonl [--worst N]")
+        print(
+            "usage: accuracy.py simulate OUT.jsonl [SEED]"
+            " | score ROWS.jsonl [--worst N] [--idc BIN_S]"
+        )
         return 2
     if argv[0] == "simulate":
         simulate_rows(argv[1], int(argv[2]) if len(argv) > 2 else 0)
         return 0
     worst = int(argv[argv.index("--worst") + 1]) if "--worst" in argv else 0
+    idc_bin = argv[argv.index("--idc") + 1] if "--idc" in argv else None
     with open(argv[1]) as f:
         rows = [json.loads(line) for line in f]
     horizon = FluidRoleConfig().horizon_s
     long = [row for row in rows if row["trace_s"] >= horizon]
-    print("\n".join(score(rows, worst, "every cell")))
-    print("\n".join(score(long, worst, f"traces of {horizon:g} s or more")))
+    if idc_bin is not None and rows and idc_bin not in rows[0]["idc"]:
+        print(f"--idc: {idc_bin!r} is not a bin the rows keep ({', '.join(rows[0]['idc'])})")
+        return 2
+    read = "" if idc_bin is None else f", c_a^2 read as the index of dispersion at {idc_bin} s"
+    print("\n".join(score(rows, worst, "every cell" + read, idc_bin)))
+    print("\n".join(score(long, worst, f"traces of {horizon:g} s or more" + read, idc_bin)))
+    if idc_bin is None:
+        print("\n".join(prefill_bias(rows)))
     return 0
 
 
