@@ -107,6 +107,17 @@ class Cell:
         model, gpu = self.profile
         return f"{self.workload} {model}/{gpu} {self.slo} {self.workers}w {self.fraction:g}x"
 
+    def row(self) -> dict[str, Any]:
+        """The cell as the first fields of its JSON row."""
+        return {
+            "workload": self.workload,
+            "model": self.profile[0],
+            "gpu": self.profile[1],
+            "slo": self.slo,
+            "workers": self.workers,
+            "fraction": self.fraction,
+        }
+
 
 def cells(size: SuiteSize) -> Iterator[Cell]:
     base = (size.profiles[0], "medium", size.workers[0])
@@ -248,14 +259,7 @@ def run_cell(
 ) -> dict[str, Any]:
     """One cell's row; ``profile`` runs it on another profile than its model and GPU name."""
     slo = SLOS[cell.slo]
-    out: dict[str, Any] = {
-        "workload": cell.workload,
-        "model": cell.profile[0],
-        "gpu": cell.profile[1],
-        "slo": cell.slo,
-        "workers": cell.workers,
-        "fraction": cell.fraction,
-    }
+    out = cell.row()
     setup = setup_cell(cell, seed, size, profile)
     if setup is None:
         # No split carries any rate: the mean prompt alone outlasts the TTFT target (Qwen3-14B

@@ -90,13 +90,7 @@ def _simulate_cell(args: tuple[rb.Cell, int]) -> dict[str, Any] | None:
         ttft_ok, tpot_ok = good_mask(requests, base.slo)
         ttft_miss[n_prefill] = 1.0 - float(np.mean(ttft_ok))
         tpot_miss[n_prefill] = 1.0 - float(np.mean(tpot_ok))
-    return {
-        "workload": cell.workload,
-        "model": cell.profile[0],
-        "gpu": cell.profile[1],
-        "slo": cell.slo,
-        "workers": cell.workers,
-        "fraction": cell.fraction,
+    return cell.row() | {
         "rps": setup.rps,
         "trace_s": float(w.arrivals[-1]),
         "demand": asdict(demand),
