@@ -32,7 +32,7 @@ and as the index of dispersion of their counts. ``--idc BIN_S`` ranks the splits
 index (of the counts per ``BIN_S`` seconds, one of ``IDC_BINS_S``) in place of c_a^2 where it
 is higher.
 
-(run from ``results/robustness/``; ``summary.txt`` is the output of ``score --worst 25``).
+(run from ``results/robustness/``; ``summary-seedS.txt`` is the output of ``score --worst 25``).
 """
 
 from __future__ import annotations
