@@ -19,12 +19,12 @@ throughput is still filling, and there a split the model reads as failing serves
 requests.
 
 The policy never sees a whole trace; it reads a minute of demand, bounds its rate and
-calibrates the model by the pool's pressure. What this measures is the model under all of
-that: where it ranks splits wrongly at the true demand, no bound or calibration makes a
+calibrates the model by the pool's pressure. What this measures is the model all of that
+rests on: where it ranks splits wrongly at the true demand, no bound or calibration makes a
 forecast right.
 
-    python accuracy.py simulate model-accuracy/seed0.jsonl [SEED]    # about 4 min, 2 cores
-    python accuracy.py score model-accuracy/seed0.jsonl [--worst N] [--idc 5]  # seconds
+    python model-accuracy/accuracy.py simulate model-accuracy/seed0.jsonl [SEED]  # 4 min, 2 cores
+    python model-accuracy/accuracy.py score model-accuracy/seed0.jsonl [--worst N] [--idc 5]
 
 ``score`` also prints the prefill queue's forecast misses against the simulated TTFT misses
 (``prefill_bias``), reading the arrivals' variability as the policy does (c_a^2 of the gaps)
@@ -32,7 +32,8 @@ and as the index of dispersion of their counts. ``--idc BIN_S`` ranks the splits
 index (of the counts per ``BIN_S`` seconds, one of ``IDC_BINS_S``) in place of c_a^2 where it
 is higher.
 
-(run from ``results/robustness/``; ``summary-seedS.txt`` is the output of ``score --worst 25``).
+(from ``results/robustness/``; ``summary-seedS.txt`` is the output of ``score --worst 25``;
+``score`` takes seconds).
 """
 
 from __future__ import annotations
