@@ -42,6 +42,7 @@ import json
 import sys
 from collections import defaultdict
 from dataclasses import asdict, replace
+from functools import cache
 from multiprocessing import Pool
 from typing import Any
 
@@ -120,9 +121,13 @@ def _demand(row: dict[str, Any], idc_bin: str | None = None) -> Demand:
     return Demand(**fields)
 
 
+@cache
+def _capacity_model(model: str, gpu: str, slo: str) -> CapacityModel:
+    return CapacityModel.from_profile(resolve_profile(model, gpu, None), rb.SLOS[slo])
+
+
 def _model(row: dict[str, Any]) -> CapacityModel:
-    profile = resolve_profile(row["model"], row["gpu"], None)
-    return CapacityModel.from_profile(profile, rb.SLOS[row["slo"]])
+    return _capacity_model(row["model"], row["gpu"], row["slo"])
 
 
 def score(
@@ -133,12 +138,8 @@ def score(
     by_workload: dict[str, list[float]] = defaultdict(list)
     misordered = pairs = 0
     off: list[tuple[float, str]] = []
-    models: dict[tuple[str, str, str], CapacityModel] = {}
     for row in rows:
-        key = (row["model"], row["gpu"], row["slo"])
-        if key not in models:
-            models[key] = _model(row)
-        model, demand, n = models[key], _demand(row, idc_bin), row["workers"]
+        model, demand, n = _model(row), _demand(row, idc_bin), row["workers"]
         static = {int(k): v for k, v in row["static"].items()}
         loss = {p: model.loss(demand, Split(p, n - p)) for p in static}
         # Ties go to the split nearer the even one, as the static baseline starts there.
@@ -183,14 +184,10 @@ def prefill_bias(rows: list[dict[str, Any]]) -> list[str]:
     horizon = FluidRoleConfig().horizon_s
     keys = ["c_a^2"] + [f"IDC {t}s" for t in rows[0]["idc"]] if rows else []
     groups: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    models: dict[tuple[str, str, str], CapacityModel] = {}
     for row in rows:
         if row["trace_s"] < horizon:
             continue
-        key = (row["model"], row["gpu"], row["slo"])
-        if key not in models:
-            models[key] = _model(row)
-        model, demand, n = models[key], _demand(row), row["workers"]
+        model, demand, n = _model(row), _demand(row), row["workers"]
         group = "clustered" if row["idc"]["5"] > 1.5 else "not clustered"
         for p_str, simulated in row["ttft_miss"].items():
             p = int(p_str)
