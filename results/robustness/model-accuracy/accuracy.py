@@ -25,6 +25,7 @@ forecast right.
 
     python model-accuracy/accuracy.py simulate model-accuracy/seed0.jsonl [SEED]  # 4 min, 2 cores
     python model-accuracy/accuracy.py score model-accuracy/seed0.jsonl [--worst N] [--idc 5]
+    python model-accuracy/accuracy.py simulate model-accuracy/heldout.jsonl 0 --profiles A.yml B.yml
 
 ``score`` also prints the prefill queue's forecast misses against the simulated TTFT misses
 (``prefill_bias``), reading the arrivals' variability as the policy does (c_a^2 of the gaps)
@@ -44,13 +45,15 @@ from collections import defaultdict
 from dataclasses import asdict, replace
 from functools import cache
 from multiprocessing import Pool
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from fluidpd.core.fluidrole import FluidRoleConfig
 from fluidpd.core.policy_forecast import CapacityModel, Demand, DemandWindow, Split
-from fluidpd.profiles import resolve_profile
+from fluidpd.core.profile import Profile
+from fluidpd.profiles import load_profile_file, resolve_profile
 from fluidpd.sim import robustness as rb
 from fluidpd.sim.metrics import attainment, good_mask
 from fluidpd.sim.policies import MECHANISMS
@@ -69,9 +72,26 @@ def index_of_dispersion(arrivals: Any, bin_s: float) -> float:
     return float(counts.var() / counts.mean())
 
 
-def _simulate_cell(args: tuple[rb.Cell, int]) -> dict[str, Any] | None:
-    cell, seed = args
-    setup = rb.setup_cell(cell, seed, rb.SIZES["full"])
+#: A cell's model name for a profile file (``heldout.py``'s convention): ``file:PATH``.
+_FILE = "file:"
+
+
+def _profile(model: str, gpu: str) -> Profile:
+    if model.startswith(_FILE):
+        return load_profile_file(model[len(_FILE) :])
+    return resolve_profile(model, gpu, None)
+
+
+def _profile_name(row: dict[str, Any]) -> str:
+    """``model/gpu``, or a profile file's name without its folder and suffix."""
+    if row["model"].startswith(_FILE):
+        return Path(row["model"][len(_FILE) :]).stem
+    return f"{row['model']}/{row['gpu']}"
+
+
+def _simulate_cell(args: tuple[rb.Cell, int, rb.SuiteSize]) -> dict[str, Any] | None:
+    cell, seed, size = args
+    setup = rb.setup_cell(cell, seed, size, _profile(*cell.profile))
     if setup is None:
         return None
     w, base = setup.workload, setup.base
@@ -103,8 +123,13 @@ def _simulate_cell(args: tuple[rb.Cell, int]) -> dict[str, Any] | None:
     }
 
 
-def simulate_rows(out: str, seed: int) -> None:
-    cells = [(cell, seed) for cell in rb.cells(rb.SIZES["full"])]
+def simulate_rows(out: str, seed: int, files: list[str]) -> None:
+    """Every cell of the full matrix at ``seed``, on the matrix's profiles or, where ``files``
+    are given, on those profile files instead (the held-out deployments of ``../heldout/``)."""
+    size = rb.SIZES["full"]
+    if files:
+        size = replace(size, profiles=tuple((_FILE + f, "file") for f in files))
+    cells = [(cell, seed, size) for cell in rb.cells(size)]
     with Pool(2) as pool, open(out, "w") as f:
         for row in pool.imap(_simulate_cell, cells, chunksize=4):
             if row is not None:
@@ -123,7 +148,7 @@ def _demand(row: dict[str, Any], idc_bin: str | None = None) -> Demand:
 
 @cache
 def _capacity_model(model: str, gpu: str, slo: str) -> CapacityModel:
-    return CapacityModel.from_profile(resolve_profile(model, gpu, None), rb.SLOS[slo])
+    return CapacityModel.from_profile(_profile(model, gpu), rb.SLOS[slo])
 
 
 def _model(row: dict[str, Any]) -> CapacityModel:
@@ -150,7 +175,7 @@ def score(
         by_workload[row["workload"]].append(regret)
         if regret > 0.02:
             name = (
-                f"{row['workload']} {row['model']}/{row['gpu']} {row['slo']} {n}w "
+                f"{row['workload']} {_profile_name(row)} {row['slo']} {n}w "
                 f"{row['fraction']:g}x: model {pick}P{n - pick}D {100 * static[pick]:.1f} %, "
                 f"best {best}P{n - best}D {100 * static[best]:.1f} %"
             )
@@ -219,12 +244,14 @@ def prefill_bias(rows: list[dict[str, Any]]) -> list[str]:
 def main(argv: list[str]) -> int:
     if len(argv) < 2 or argv[0] not in ("simulate", "score"):
         print(
-            "usage: accuracy.py simulate OUT.jsonl [SEED]"
+            "usage: accuracy.py simulate OUT.jsonl [SEED] [--profiles FILE.yaml ...]"
             " | score ROWS.jsonl [--worst N] [--idc BIN_S]"
         )
         return 2
     if argv[0] == "simulate":
-        simulate_rows(argv[1], int(argv[2]) if len(argv) > 2 else 0)
+        files = argv[argv.index("--profiles") + 1 :] if "--profiles" in argv else []
+        rest = argv[: argv.index("--profiles")] if "--profiles" in argv else argv
+        simulate_rows(rest[1], int(rest[2]) if len(rest) > 2 else 0, files)
         return 0
     worst = int(argv[argv.index("--worst") + 1]) if "--worst" in argv else 0
     idc_bin = argv[argv.index("--idc") + 1] if "--idc" in argv else None
