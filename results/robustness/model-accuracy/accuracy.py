@@ -53,7 +53,7 @@ import numpy as np
 from fluidpd.core.fluidrole import FluidRoleConfig
 from fluidpd.core.policy_forecast import CapacityModel, Demand, DemandWindow, Split
 from fluidpd.core.profile import Profile
-from fluidpd.profiles import load_profile_file, resolve_profile
+from fluidpd.profiles import ProfileError, load_profile_file, resolve_profile
 from fluidpd.sim import robustness as rb
 from fluidpd.sim.metrics import attainment, good_mask
 from fluidpd.sim.policies import MECHANISMS
@@ -251,12 +251,22 @@ def main(argv: list[str]) -> int:
     if argv[0] == "simulate":
         files = argv[argv.index("--profiles") + 1 :] if "--profiles" in argv else []
         rest = argv[: argv.index("--profiles")] if "--profiles" in argv else argv
+        for path in files:
+            try:
+                load_profile_file(path)
+            except ProfileError as e:
+                print(f"--profiles: {e}")
+                return 2
         simulate_rows(rest[1], int(rest[2]) if len(rest) > 2 else 0, files)
         return 0
     worst = int(argv[argv.index("--worst") + 1]) if "--worst" in argv else 0
     idc_bin = argv[argv.index("--idc") + 1] if "--idc" in argv else None
-    with open(argv[1]) as f:
-        rows = [json.loads(line) for line in f]
+    try:
+        with open(argv[1]) as f:
+            rows = [json.loads(line) for line in f]
+    except (OSError, json.JSONDecodeError) as e:
+        print(f"score: cannot read rows from {argv[1]}: {e}")
+        return 2
     horizon = FluidRoleConfig().horizon_s
     long = [row for row in rows if row["trace_s"] >= horizon]
     if idc_bin is not None and rows and idc_bin not in rows[0]["idc"]:
