@@ -23,7 +23,7 @@ from fluidpd.core.fluidrole import FluidRoleConfig
 from fluidpd.core.policy_forecast import CapacityModel, Demand, Split
 from fluidpd.core.profile import Profile
 from fluidpd.core.types import SLO
-from fluidpd.profiles import resolve_profile
+from fluidpd.profiles import load_profile_file, resolve_profile
 from fluidpd.sim.longctx import LONG_WORKLOAD_NAMES
 from fluidpd.sim.metrics import attainment, good_mask
 from fluidpd.sim.policies import MECHANISMS
@@ -117,6 +117,23 @@ class Cell:
             "workers": self.workers,
             "fraction": self.fraction,
         }
+
+
+#: A cell's model name for a profile file run in place of the matrix's shipped profiles (the
+#: held-out deployments): ``file:PATH``, with ``file`` for its GPU.
+PROFILE_FILE = "file:"
+
+
+def on_profile_files(size: SuiteSize, files: Sequence[str]) -> SuiteSize:
+    """``size`` with the profile files ``files`` in place of its profiles."""
+    return replace(size, profiles=tuple((PROFILE_FILE + f, "file") for f in files))
+
+
+def named_profile(model: str, gpu: str) -> Profile:
+    """The profile a cell names: a profile file (``PROFILE_FILE``) or a shipped profile."""
+    if model.startswith(PROFILE_FILE):
+        return load_profile_file(model[len(PROFILE_FILE) :])
+    return resolve_profile(model, gpu, None)
 
 
 def cells(size: SuiteSize) -> Iterator[Cell]:
@@ -222,7 +239,7 @@ def setup_cell(
 ) -> CellSetup | None:
     """The cell at ``fraction x r_best``, on ``profile`` (default: the shipped one its model
     and GPU name); None when no split carries any rate."""
-    chosen = profile or resolve_profile(cell.profile[0], cell.profile[1], None)
+    chosen = profile or named_profile(*cell.profile)
     return setup_at(
         lambda rps: thinned(cell.workload, rps, seed, chosen, size),
         chosen,

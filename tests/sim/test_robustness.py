@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 from fluidpd.profiles import resolve_profile
 from fluidpd.sim.metrics import attainment
@@ -17,6 +18,8 @@ from fluidpd.sim.robustness import (
     format_overall,
     format_rows,
     max_switches_per,
+    named_profile,
+    on_profile_files,
     overall,
     quick_reversals,
     run_cell,
@@ -80,6 +83,20 @@ def test_a_cell_no_split_can_serve_is_skipped_not_compared() -> None:
     assert summary["mean_vs_static_pp"] == ran["vs_static_pp"]
     assert "skipped: no static split meets TTFT 1 s" in format_rows([skipped, ran])
     assert "(and 1 skipped)" in format_overall(summary)
+
+
+def test_a_cell_may_name_a_profile_file_in_place_of_a_shipped_profile() -> None:
+    path = str(Path(__file__).parents[2] / "fluidpd/shipped_profiles/llama-3.2-1b-h200.yaml")
+    size = on_profile_files(SIZES["ci"], [path])
+    assert size.profiles == (("file:" + path, "file"),)
+    cell = next(cells(size))
+    assert named_profile(*cell.profile) == resolve_profile("llama-3.2-1b", "h200", None)
+    shipped_qwen = resolve_profile("qwen3-14b", "a100-80gb", None)
+    assert named_profile("qwen3-14b", "a100-80gb") == shipped_qwen
+    # The suite sets the cell up on the file's profile, as it would on the shipped one.
+    by_file = setup_cell(cell, 0, size)
+    shipped = setup_cell(replace(cell, profile=("llama-3.2-1b", "h200")), 0, size)
+    assert by_file is not None and shipped is not None and by_file.rps == shipped.rps
 
 
 def test_bars_are_checked() -> None:

@@ -22,36 +22,23 @@ from fluidpd.profiles import ProfileError, load_profile_file
 from fluidpd.sim import robustness as rb
 from fluidpd.sim.workloads import WorkloadError
 
-#: A held-out cell's model names its profile file (its "gpu" is "file").
-_FILE = "file:"
-
-
-def _size(files: list[str]) -> rb.SuiteSize:
-    full = rb.SIZES["full"]
-    profiles = tuple((_FILE + f, "file") for f in files)
-    return rb.SuiteSize(
-        full.long_requests, full.azure_thin, full.workloads, profiles, full.slos, full.workers,
-        full.fractions,
-    )  # fmt: skip
-
 
 def _cell(args: tuple[rb.Cell, rb.SuiteSize]) -> dict[str, Any]:
     cell, size = args
-    profile = load_profile_file(cell.profile[0][len(_FILE) :])
-    row = rb.run_cell(cell, 0, size, profile)
+    row = rb.run_cell(cell, 0, size)
     row["issues"] = rb.check(row)
     return row
 
 
 def main(out: str, files: list[str]) -> None:
-    size = _size(files)
+    size = rb.on_profile_files(rb.SIZES["full"], files)
     with ProcessPoolExecutor(2) as pool, open(out, "w") as f:
         for row in pool.map(_cell, [(c, size) for c in rb.cells(size)]):
             f.write(json.dumps(row) + "\n")
 
 
 def bins(path: str, workload: str, slo: str, workers: int, fraction: float, bin_s: float) -> None:
-    cell = rb.Cell(workload, (_FILE + path, "file"), slo, workers, fraction)
+    cell = rb.Cell(workload, (rb.PROFILE_FILE + path, "file"), slo, workers, fraction)
     profile = load_profile_file(path)
     print(rb.cell_timeseries(cell, 0, rb.SIZES["full"], bin_s, profile), end="")
 

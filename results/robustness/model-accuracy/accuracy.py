@@ -52,8 +52,7 @@ import numpy as np
 
 from fluidpd.core.fluidrole import FluidRoleConfig
 from fluidpd.core.policy_forecast import CapacityModel, Demand, DemandWindow, Split
-from fluidpd.core.profile import Profile
-from fluidpd.profiles import ProfileError, load_profile_file, resolve_profile
+from fluidpd.profiles import ProfileError, load_profile_file
 from fluidpd.sim import robustness as rb
 from fluidpd.sim.metrics import attainment, good_mask
 from fluidpd.sim.policies import MECHANISMS
@@ -72,26 +71,16 @@ def index_of_dispersion(arrivals: Any, bin_s: float) -> float:
     return float(counts.var() / counts.mean())
 
 
-#: A cell's model name for a profile file (``heldout.py``'s convention): ``file:PATH``.
-_FILE = "file:"
-
-
-def _profile(model: str, gpu: str) -> Profile:
-    if model.startswith(_FILE):
-        return load_profile_file(model[len(_FILE) :])
-    return resolve_profile(model, gpu, None)
-
-
 def _profile_name(row: dict[str, Any]) -> str:
     """``model/gpu``, or a profile file's name without its folder and suffix."""
-    if row["model"].startswith(_FILE):
-        return Path(row["model"][len(_FILE) :]).stem
+    if row["model"].startswith(rb.PROFILE_FILE):
+        return Path(row["model"][len(rb.PROFILE_FILE) :]).stem
     return f"{row['model']}/{row['gpu']}"
 
 
 def _simulate_cell(args: tuple[rb.Cell, int, rb.SuiteSize]) -> dict[str, Any] | None:
     cell, seed, size = args
-    setup = rb.setup_cell(cell, seed, size, _profile(*cell.profile))
+    setup = rb.setup_cell(cell, seed, size)
     if setup is None:
         return None
     w, base = setup.workload, setup.base
@@ -128,7 +117,7 @@ def simulate_rows(out: str, seed: int, files: list[str]) -> None:
     are given, on those profile files instead (the held-out deployments of ``../heldout/``)."""
     size = rb.SIZES["full"]
     if files:
-        size = replace(size, profiles=tuple((_FILE + f, "file") for f in files))
+        size = rb.on_profile_files(size, files)
     cells = [(cell, seed, size) for cell in rb.cells(size)]
     with Pool(2) as pool, open(out, "w") as f:
         for row in pool.imap(_simulate_cell, cells, chunksize=4):
@@ -148,7 +137,7 @@ def _demand(row: dict[str, Any], idc_bin: str | None = None) -> Demand:
 
 @cache
 def _capacity_model(model: str, gpu: str, slo: str) -> CapacityModel:
-    return CapacityModel.from_profile(_profile(model, gpu), rb.SLOS[slo])
+    return CapacityModel.from_profile(rb.named_profile(model, gpu), rb.SLOS[slo])
 
 
 def _model(row: dict[str, Any]) -> CapacityModel:
