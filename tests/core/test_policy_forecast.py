@@ -603,6 +603,46 @@ def test_peak_rate_sees_bursts_beyond_poisson_noise() -> None:
     assert bursty.demand(90.0 + bursty.hold_s).peak_rate < 2.0
 
 
+def test_a_burst_that_began_inside_the_current_bin_is_read_as_it_builds() -> None:
+    # 2 req/s for 200 s, then 25 req/s from 200 s: at 221 s the last completed bin (180-210 s)
+    # holds 10 s of the burst and the window's mean is about 10 req/s; the arrivals of the
+    # last 10 s are the burst's.
+    w = DemandWindow(MODEL.prefill)
+    times = [i / 2.0 for i in range(400)] + [200.0 + i / 25.0 for i in range(525)]
+    for t in times:
+        w.add(t, 1000, 100)
+    d = w.demand(221.0)
+    assert d.rate < 11.0 and d.peak_rate < 10.0
+    assert d.building_rate > 20.0
+    assert d.burst.rate < 12.0 and d.rising.burst.rate > 20.0
+    # Before a third of a bin has passed since the first arrival, nothing is building.
+    fresh = DemandWindow(MODEL.prefill)
+    for i in range(40):
+        fresh.add(i / 8.0, 1000, 100)
+    assert fresh.demand(5.0).building_rate == 0.0
+    # A steady stream's trailing thirds read near its rate, not past it.
+    steady = DemandWindow(MODEL.prefill)
+    for i in range(600):
+        steady.add(i / 5.0, 1000, 100)
+    assert steady.demand(120.0).building_rate <= 5.0
+
+
+def test_a_decode_donor_is_checked_at_the_burst_as_it_builds_a_prefill_donor_is_not() -> None:
+    # 4P4D at 6 req/s of 2K-token prompts with 300-token outputs, a burst building at 30.
+    calm = Demand(6.0, 2000, 300, float(MODEL.prefill.time(2000)), 1000, True, peak_rate=6.0)
+    building = replace(calm, building_rate=30.0)
+    split = Split(4, 4)
+    for source in (Role.DECODE, Role.PREFILL):
+        a, b = (
+            MODEL.forecast(x, split, source, CFG.horizon_s, True, 0.3, 0.5, 0.5, margin=0.1)
+            for x in (calm, building)
+        )
+        if source is Role.DECODE:
+            assert b.donor_after > a.donor_after and b.peak_arrivals > a.peak_arrivals
+        else:
+            assert repr(a) == repr(b)
+
+
 def test_uncalibrated_donor_of_a_switch_that_leaves_prefill_overloaded_must_hold_any_scale() -> (
     None
 ):
