@@ -588,8 +588,12 @@ class FluidRolePolicy:
                 self._frozen_until[check.direction] = now + self.cfg.freeze_s
                 # A switch taken on a shared overload waits out the cooldown (its donor
                 # saturated at the peak is what its forecast accepted).
-                if not self._shared_overload and (
-                    demand is None or self._back_wins(now, p, demand, check.source.other)
+                # An undo spends the switch budget as any switch does (the flapping bar counts
+                # every switch); with none left, the watch undoes it once the budget allows.
+                if (
+                    not self._shared_overload
+                    and self._budget_left(now)
+                    and (demand is None or self._back_wins(now, p, demand, check.source.other))
                 ):
                     self._undo_due, self._watch = check, None
         elif self._watch is not None and self._switching is None and self._undo_due is None:
@@ -655,8 +659,8 @@ class FluidRolePolicy:
             return False
         forecast = self._forecast(now, p, demand, source)
         self.last_forecast = forecast
-        # An undo is not held back by the switch budget, so it never trades one phase's
-        # overload for the other's: it must keep its donor within capacity.
+        # An undo never trades one phase's overload for the other's: it must keep its donor
+        # within capacity.
         return clearly_worth(forecast, self.cfg.gain_margin)
 
     def _worth(

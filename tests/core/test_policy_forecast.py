@@ -180,6 +180,35 @@ def test_refuted_switch_is_undone_and_restores_the_split() -> None:
     assert policy.undone == 1
 
 
+def test_an_undo_waits_for_the_switch_budget() -> None:
+    # The same refuted switch with a budget of one switch per window: the undo would be the
+    # window's second switch (flapping, by the budget), so it waits until the budget has
+    # room and the donor is still starved, and it restores the split then.
+    cfg = replace(CFG, switch_budget=1)
+    policy = FluidRolePolicy(cfg, MODEL)
+    d = demand(10.0, 2000, 800)
+    first = policy.observe(0.0, fleet(2, 4, 3.0, 0.05, 0.05), d)
+    assert isinstance(first, SwitchDecision) and first.source is Role.DECODE
+    policy.switch_finished(first.worker, 1.0)
+    starved = fleet(3, 3, 0.2, 0.9, 0.99, waiting=2)
+    for t in (12.0, 100.0, 300.0, cfg.budget_window_s):
+        assert not isinstance(policy.observe(t, starved, d), SwitchDecision)
+    assert policy.undone == 0
+    undo = None
+    for t in range(int(cfg.budget_window_s) + 2, int(cfg.budget_window_s) + 40, 2):
+        undo = policy.observe(float(t), starved, d)
+        if isinstance(undo, SwitchDecision):
+            break
+    assert isinstance(undo, SwitchDecision) and undo.undo
+    assert undo.source is Role.PREFILL and undo.target is Role.DECODE
+    # Without the budget's limit the same switch is undone at its check.
+    free = FluidRolePolicy(CFG, MODEL)
+    again = free.observe(0.0, fleet(2, 4, 3.0, 0.05, 0.05), d)
+    assert isinstance(again, SwitchDecision)
+    free.switch_finished(again.worker, 1.0)
+    assert isinstance(free.observe(12.0, starved, d), SwitchDecision) and free.undone == 1
+
+
 def _switched_from_2p4d() -> tuple[FluidRolePolicy, Demand]:
     """A policy that has just moved 2P4D to 3P3D for 30 req/s of 2K-token prompts (prefill
     overloaded at 2P), and that demand."""
