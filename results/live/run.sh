@@ -248,3 +248,15 @@ fluidpd evaluate --workload azure-mixed --rps 20 --num-requests 2000 --pd 4P4D \
   --policies static,fluidpd --seed 0 --out results/live/azure-mixed-2000-20rps-2026-12-05f
 # Result: static 78.1 %, FluidPD 95.0 % live (+16.9 pp; simulated 78.6 / 97.9 %), two D->P
 # switches (w5 and w6), 150,929 prompt tokens stolen. FluidPD >= static - 1 pp holds on both.
+
+# Issue #14 at 27dc9db (a decode donor checked at a burst as it builds; an undo within the
+# switch budget), run from the repository root on the otherwise idle machine, admin tokens and
+# pid files removed, logs gzipped.
+fluidpd evaluate --workload long-chat-poisson --rps 4 --num-requests 240 --pd 4P4D \
+  --policies static,fluidpd --seed 0 --out results/live/long-chat-poisson-240-4rps-2026-12-06
+# Result: static 96.7 %, FluidPD 98.8 % live (+2.1 pp; simulated 97.1 / 99.2 %), one D->P
+# switch, no prompt tokens stolen.
+fluidpd evaluate --workload azure-mixed --rps 20 --num-requests 2000 --pd 4P4D \
+  --policies static,fluidpd --seed 0 --out results/live/azure-mixed-2000-20rps-2026-12-06
+# Result: static 77.3 %, FluidPD 94.5 % live (+17.2 pp; simulated 78.6 / 96.0 %), two D->P
+# switches, 180,386 prompt tokens stolen. FluidPD >= static - 1 pp holds on both.
