@@ -38,8 +38,19 @@ class _AlwaysOk(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def foreign() -> Iterator[int]:
-    """The port of a foreign HTTP server on 127.0.0.1."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _AlwaysOk)
+    """The port of a foreign HTTP server on 127.0.0.1, whose port below was free when it
+    started: the ``--base-port`` case puts the first sidecar there. (Below a port the kernel
+    picked, another process's connection held it once: "Address already in use" for the
+    wrong port.)"""
+    for _ in range(20):
+        base = free_port_block(2)
+        try:
+            server = ThreadingHTTPServer(("127.0.0.1", base + 1), _AlwaysOk)
+        except OSError:  # taken since free_port_block looked
+            continue
+        break
+    else:
+        pytest.fail("no two consecutive free ports on 127.0.0.1")
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         yield int(server.server_address[1])
