@@ -29,7 +29,6 @@ SLO. A switch gains ``horizon * (excess(B_now) - excess(B_after))`` overloaded s
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections import deque
 from dataclasses import dataclass, field, replace
@@ -1018,15 +1017,19 @@ class DemandWindow:
         the spans that the arrivals seen so far cover: a burst as it builds, which the
         completed bins of ``peak_rate`` do not hold yet."""
         seen = now - (self._first if self._first is not None else now)
-        times = [item[0] for item in self._items]
-        best = 0.0
-        for k in (1, 2, 3):
-            span = self.bin_s * k / 3
-            if span > seen or span > self.window_s:
+        spans = [self.bin_s * k / 3 for k in (1, 2, 3)]
+        spans = [span for span in spans if span <= min(seen, self.window_s)]
+        counts = [0] * len(spans)
+        # Newest first, stopping at the longest span: no copy of the window per interval.
+        for t, *_ in reversed(self._items):
+            if not spans or t <= now - spans[-1]:
                 break
-            n = float(len(times) - bisect.bisect_right(times, now - span))
-            best = max(best, (n - math.sqrt(n)) / span)
-        return best
+            for i, span in enumerate(spans):
+                counts[i] += t > now - span
+        return max(
+            ((n - math.sqrt(n)) / span for n, span in zip(counts, spans, strict=True)),
+            default=0.0,
+        )
 
     def demand(self, now: float) -> Demand:
         items = self._items
