@@ -128,6 +128,12 @@ class Dispatcher:
                 self.retries += 1
                 log.info("request %d re-paired: %s", job.rid, why)
                 continue
+            except Exception as exc:
+                # Anything else (an event this router cannot read, an error no path above
+                # expects) still ends the request with an answer the client can read: raised
+                # on, it would cut a stream mid-chunk or answer a bare 500.
+                log.exception("request %d failed unexpectedly", job.rid)
+                raise RequestFailed(502, f"internal error: {type(exc).__name__}: {exc}") from exc
 
     async def _post(self, url: str, body: RequestHalf) -> aiohttp.ClientResponse:
         return await self.session.post(url, data=body.model_dump_json(), headers=self.headers)
@@ -331,9 +337,14 @@ class _Attempt:
             return event
         if kind == "done":
             self.job.finish_reason = event.get("finish_reason") or "length"
-            # Read the stream's end so the connection goes back to the pool.
-            await self.resp.content.read()
             self.finished = True
+            # Read the stream's end so the connection goes back to the pool. The request is
+            # complete whatever happens to the stream now: a worker killed between ``done`` and
+            # its last chunk cut the client's stream of a finished answer (chaos drill).
+            try:
+                await self.resp.content.read()
+            except aiohttp.ClientError:
+                self.resp.close()
         elif kind == "migrated":
             await self.follow_migration(event["url"])
         elif not self.job.tokens and kind in ("reroute", "cancelled", "error"):
@@ -357,9 +368,13 @@ class _Attempt:
         self.source = dispatcher.workers.workers.get(
             _worker_of(dispatcher.workers, url), self.source
         )
-        self.resp = await dispatcher.session.get(
-            f"{url}/v1/internal/decode/{job.rid}/events", headers=dispatcher.headers
-        )
+        try:
+            self.resp = await dispatcher.session.get(
+                f"{url}/v1/internal/decode/{job.rid}/events", headers=dispatcher.headers
+            )
+        except aiohttp.ClientError:
+            # The worker it moved to is gone (killed, or unreachable): as its stream ending.
+            self.stream_ended()
         if self.resp.status != 200:
             raise RequestFailed(502, f"migrated request lost (HTTP {self.resp.status})")
 

@@ -6,7 +6,10 @@ token (the peer died mid-hand-off) suspects that worker, aborts the prefill half
 decode worker lost after the first token fails the request (502, nothing is re-sent twice); a
 prefill half that fails aborts its decode half, which ends "cancelled", and re-pairs; no first
 token in time aborts both halves (504); no pair at all answers 503; a migrated request is
-followed to its new decode worker.
+followed to its new decode worker. And the cuts the chaos drill's SIGKILLs make: a stream cut
+inside an event line, or a migration to a worker that is gone, is the worker lost mid-stream
+(502); a stream cut after its ``done`` event is a complete answer; an event the router cannot
+read ends the request with a readable 502, never a cut connection.
 """
 
 from __future__ import annotations
@@ -341,3 +344,82 @@ def test_a_worker_that_turns_requests_away_is_skipped_until_polled_again() -> No
     dispatcher = run(fakes, play)
     assert fakes[1].calls == ["/v1/internal/decode"]  # turned away once, then skipped
     assert dispatcher.retries == 1 and job.finish_reason == "length"
+
+
+async def die_mid_line(fake: Fake, request: web.Request, resp: web.StreamResponse) -> None:
+    await resp.write(_line(TOKEN))
+    await resp.write(_line(TOKEN)[:9])  # the process died while its next event was on the wire
+    assert request.transport is not None
+    request.transport.close()
+
+
+async def die_after_done(fake: Fake, request: web.Request, resp: web.StreamResponse) -> None:
+    for event in (TOKEN, TOKEN, DONE):
+        await resp.write(_line(event))
+    await asyncio.sleep(0.05)  # the router has read ``done`` and reads the stream's end
+    assert request.transport is not None
+    request.transport.close()  # killed before the stream's last chunk
+
+
+def test_a_decode_worker_lost_mid_event_fails_the_request_as_lost() -> None:
+    # A cut inside an event line is the worker lost mid-stream, not a JSON error that breaks
+    # the client's connection (the chaos drill's unexplained ClientPayloadError).
+    fakes = [Fake("p0", Role.PREFILL), Fake("d0", Role.DECODE, decode=die_mid_line)]
+    job = _job()
+
+    async def play(dispatcher: Dispatcher, f: dict[str, Fake]) -> None:
+        got: list[dict[str, Any]] = []
+        with pytest.raises(RequestFailed) as failed:
+            async for event in dispatcher.generate(job):
+                got.append(event)
+        assert failed.value.status == 502 and "lost mid-stream" in failed.value.message
+        assert len(got) == 1
+
+    run(fakes, play)
+
+
+def test_a_decode_worker_lost_after_its_done_event_completes_the_request() -> None:
+    fakes = [Fake("p0", Role.PREFILL), Fake("d0", Role.DECODE, decode=die_after_done)]
+    job = _job()
+
+    async def play(dispatcher: Dispatcher, f: dict[str, Fake]) -> None:
+        events = await collect(dispatcher, job)
+        assert [e["event"] for e in events] == ["token", "token"]
+
+    dispatcher = run(fakes, play)
+    assert dispatcher.retries == 0 and job.finish_reason == "length" and job.tokens == 2
+
+
+def test_a_migration_to_a_worker_that_is_gone_fails_the_request_as_lost() -> None:
+    gone = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
+
+    async def migrate(fake: Fake, _: web.Request, resp: web.StreamResponse) -> None:
+        await resp.write(_line(TOKEN))
+        await resp.write(_line({"event": "migrated", "url": gone}))
+
+    fakes = [Fake("p0", Role.PREFILL), Fake("d0", Role.DECODE, decode=migrate)]
+    job = _job()
+
+    async def play(dispatcher: Dispatcher, f: dict[str, Fake]) -> None:
+        with pytest.raises(RequestFailed) as failed:
+            await collect(dispatcher, job)
+        assert failed.value.status == 502 and "lost mid-stream" in failed.value.message
+
+    run(fakes, play)
+
+
+async def an_event_without_ids(fake: Fake, _: web.Request, resp: web.StreamResponse) -> None:
+    await resp.write(_line({"event": "token", "text": "x"}))  # a sidecar of another version
+
+
+def test_an_event_the_router_cannot_read_fails_the_request_with_a_readable_error() -> None:
+    fakes = [Fake("p0", Role.PREFILL), Fake("d0", Role.DECODE, decode=an_event_without_ids)]
+    job = _job()
+
+    async def play(dispatcher: Dispatcher, f: dict[str, Fake]) -> None:
+        with pytest.raises(RequestFailed) as failed:
+            await collect(dispatcher, job)
+        assert failed.value.status == 502 and "KeyError" in failed.value.message
+
+    dispatcher = run(fakes, play)
+    assert dispatcher.retries == 0
