@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from fluidpd.core.fluidtoken import (
     SUFFIX_QUEUE_ITERATIONS,
     FluidTokenConfig,
+    IterationError,
     KvIntake,
     _donor_caps,
     _head_cap,
@@ -30,6 +31,7 @@ from fluidpd.core.fluidtoken import (
     plan_stealing,
     steal_budget,
     stealing_allowed,
+    stream_tpot_room,
 )
 from fluidpd.core.predictors import DecodeIterPredictor, PrefillPredictor, SuffixPredictor
 from fluidpd.core.scheduler.worker import Worker
@@ -767,3 +769,58 @@ def test_a_decode_worker_whose_intake_will_fill_its_kv_advertises_no_budget() ->
     assert not d.prealloc and d.dpi_adm() < 0.6
     assert d.intake.forecast(d.iteration, d.kv_capacity) >= 1.0
     assert d.steal_budget(1) == 0.0
+
+
+_STREAM = st.tuples(st.floats(0.0, 0.5), st.integers(1, 40), st.integers(2, 60)).filter(
+    lambda x: x[1] <= x[2]
+)
+
+
+@given(
+    st.lists(_STREAM, min_size=1, max_size=8),
+    st.floats(0.005, 0.04),
+    st.floats(0.02, 0.2),
+    st.floats(1.0, 1.5),
+)
+def test_a_suffix_within_the_stream_room_keeps_every_stream_within_tpot(
+    streams: list[tuple[float, int, int]], t: float, slo: float, stretch: float
+) -> None:
+    """The iteration that spends the room, then iterations of ``t`` (stretched as the worker's
+    measured ones) until each stream's last token: no stream's TPOT passes the target, and the
+    tightest one is at it; a second more puts that one past it. Streams that miss even with
+    no suffix are not protected (nothing the iteration does saves them)."""
+    room = stream_tpot_room(slo, t, streams, stretch)
+
+    def over(extra: float, elapsed: float, out: int, n: int) -> float:
+        return (elapsed + stretch * (extra + max(1, n - out) * t)) / (n - 1) - slo
+
+    savable = [s for s in streams if over(0.0, *s) <= 1e-12]
+    if not savable:
+        assert room == math.inf
+        return
+    worst = max(over(room, *s) for s in savable)
+    assert worst == pytest.approx(0.0, abs=1e-9)
+    assert max(over(room + 1e-3, *s) for s in savable) > 0
+
+
+def test_streams_without_a_tpot_leave_unbounded_room() -> None:
+    assert stream_tpot_room(0.05, 0.02, []) == math.inf
+    assert stream_tpot_room(0.05, 0.02, [(10.0, 1, 1)]) == math.inf
+
+
+def test_iteration_error_stretch_is_the_mean_ratio_plus_two_deviations() -> None:
+    exact = IterationError()
+    for _ in range(50):
+        exact.add(0.02, 0.02)
+    assert exact.stretch == pytest.approx(1.0)
+    slow = IterationError()
+    for _ in range(200):
+        slow.add(0.02, 0.03)  # an engine half as fast again as its profile
+    assert slow.stretch == pytest.approx(1.5)
+    noisy = IterationError()
+    rng = np.random.default_rng(0)
+    ratios = np.exp(rng.normal(0.0, 0.1, size=4000))
+    for r in ratios:
+        noisy.add(0.02, 0.02 * float(r))
+    assert noisy.stretch == pytest.approx(1.0 + 2 * 0.1, abs=0.06)
+    assert IterationError().stretch == 1.0  # nothing measured: the prediction as it is

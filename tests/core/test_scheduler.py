@@ -897,3 +897,32 @@ def test_budget_peers_are_the_queued_requests_decode_workers_once_two_wait() -> 
     assert p.prefill.budget_peers() == set()  # one waiting: nothing to reorder or steal for
     p.prefill.reserved(2, 0.0)
     assert p.prefill.budget_peers() == {"d0", "d1"}
+
+
+def test_a_stolen_suffix_waits_while_a_running_stream_has_no_tpot_room_for_it() -> None:
+    """Eq. (15)'s allowance is per iteration; a stream of a few tokens whose gaps already
+    used its TPOT budget cannot absorb a suffix iteration: the suffix waits for it to end."""
+    p, d = make("p", Role.PREFILL), make("d", Role.DECODE)
+    bus = Bus.of(p, d)
+    a = req(0, prompt=500, out=3)
+    bus.submit(a, p, d)
+    bus.run_prefill(p, 0.0)
+    bus.complete_handoffs(0.0)
+    # Joined 40 ms after its first token: its two gaps may take 100 ms, 60 ms are gone, and
+    # its last iteration with the suffix would take them past it.
+    now = bus.decode_step(d, 0.04)
+    s = req(1, prompt=800, out=4)
+    s.prefill_worker = "p"
+    d.decode.add(s)
+    bus.pump()
+    d.decode.suffix_committed(1, 300)
+    d.decode.handoff_done(1, 500, now)
+    allow = FluidTokenConfig().eta * tpot_slack(SLO_.tpot, d.decode.decode, 1, d.decode.context)
+    assert d.decode.suffix.time(300, 500) < allow  # eq. (15) alone would run it now
+    b = d.next_batch(now)
+    assert isinstance(b, DecodeBatch) and b.suffix == [] and b.batch == 1
+    d.finish_batch(b, now + DT, DT)
+    bus.pump()
+    assert a.finish_t == now + DT and a.tpot <= SLO_.tpot
+    after = d.next_batch(now + DT)
+    assert isinstance(after, DecodeBatch) and [r.rid for r in after.suffix] == [1]

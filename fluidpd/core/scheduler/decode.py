@@ -9,7 +9,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from fluidpd.core.fluidtoken import FluidTokenConfig, KvIntake, advertised_budget, tpot_slack
+from fluidpd.core.fluidtoken import (
+    FluidTokenConfig,
+    IterationError,
+    KvIntake,
+    advertised_budget,
+    stream_tpot_room,
+    tpot_slack,
+)
 from fluidpd.core.migration import Migrant, Peer
 from fluidpd.core.predictors import (
     DecodeIterPredictor,
@@ -120,6 +127,8 @@ class DecodeSide:
     stolen_tokens: int = 0
     #: The requests handed to this worker, for the edge of its KV admission (FluidToken).
     intake: KvIntake = field(default_factory=KvIntake)
+    #: Measured iterations against their prediction, for the running streams' TPOT room.
+    iteration_error: IterationError = field(default_factory=IterationError)
 
     # -- KV admission -------------------------------------------------------------------------
     def commitment(self, req: Request) -> int:
@@ -231,9 +240,12 @@ class DecodeSide:
         suffix_s = 0.0
         if self.ready and self.bank >= 0:
             allow = self.token_cfg.eta * tpot_slack(self.slo.tpot, self.decode, n, ctx)
+            room = self.stream_room(now, n, ctx)
             while self.ready:
                 t = self.suffix.of_prompt(self.ready[0].stolen, self.ready[0].prompt_len)
-                if suffix and suffix_s + t > allow:
+                # The first suffix goes past eq. (15)'s allowance (it would wait for ever),
+                # never past a running stream's TPOT room.
+                if suffix_s + t > room or (suffix and suffix_s + t > allow):
                     break
                 suffix.append(self.ready.popleft())
                 suffix_s += t
@@ -300,6 +312,8 @@ class DecodeSide:
         if self.running is not batch:
             raise ValueError("finish_batch for a batch this worker is not running")
         k = batch.iterations
+        if k == 1 and batch.batch:
+            self.iteration_error.add(batch.predicted_s, measured_s)
         if k > 1 and self._left_running_batch:
             raise ValueError("a member left a multi-iteration batch; truncate it first")
         self.running = None
@@ -498,6 +512,20 @@ class DecodeSide:
             prompt = req.prompt_len if req is not None else prompts.get(rid, tokens)
             out.append((tokens, max(0, prompt - tokens)))
         return out
+
+    def stream_room(self, now: float, batch: int, context: int) -> float:
+        """``stream_tpot_room`` of the running streams at ``now``, for an iteration of
+        ``batch`` streams over ``context`` tokens."""
+        streams = (
+            (now - s.req.first_token_t, s.generated(self.iteration), s.req.max_new_tokens)
+            for s in self.active.values()
+        )
+        return stream_tpot_room(
+            self.slo.tpot,
+            self.decode.time(batch, context),
+            streams,
+            self.iteration_error.stretch,
+        )
 
     def steal_budget(self, n_prefill: int) -> float:
         """Per-prefill-worker stealing budget this worker advertises (eqs. 12-17,
