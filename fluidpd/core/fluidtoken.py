@@ -177,32 +177,31 @@ def stream_tpot_room(
 @dataclass(slots=True)
 class IterationError:
     """How a decode worker's measured iterations compare with their prediction: the running
-    mean and spread of ``measured / predicted`` (exponentially weighted), for
-    ``stream_tpot_room``'s ``stretch``: the mean plus two standard deviations, so that a stream
-    left at its room meets TPOT whatever one iteration's error (the simulator's engine noise,
-    or a real engine's drift from its profile)."""
+    mean of ``measured / predicted`` (exponentially weighted), ``stream_tpot_room``'s
+    ``stretch`` (at least 1): an engine that drifts slower than its profile runs every later
+    iteration that much longer.
+
+    The mean only, with no margin for one iteration's noise: a stream left at its room then
+    misses TPOT about as often as it meets it, but a margin is a room every stream loses
+    for good. With the mean plus two standard deviations (5 % engine noise), FluidToken at
+    4P2D on 159-token prompts (Llama-3.1-8B/A100, 1 s / 50 ms, 1.1x) met 38.6 % of the SLOs
+    (TPOT 100 %) against 46.0 % (TPOT 98.5 %) holding no stream's room, and 46.8 % (TPOT
+    99.9 %) with the mean alone."""
 
     weight: float = 0.05
     mean: float = 1.0
-    var: float = 0.0
     seen: int = 0
 
     def add(self, predicted_s: float, measured_s: float) -> None:
         if predicted_s <= 0 or measured_s <= 0:
             return
         ratio = measured_s / predicted_s
-        if self.seen == 0:
-            self.mean, self.var = ratio, 0.0
-        else:
-            w = self.weight
-            delta = ratio - self.mean
-            self.mean += w * delta
-            self.var = (1.0 - w) * (self.var + w * delta * delta)
+        self.mean = ratio if self.seen == 0 else self.mean + self.weight * (ratio - self.mean)
         self.seen += 1
 
     @property
     def stretch(self) -> float:
-        return max(1.0, self.mean + 2.0 * math.sqrt(self.var))
+        return max(1.0, self.mean)
 
 
 def kv_occupancy_forecast(
