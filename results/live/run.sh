@@ -260,3 +260,16 @@ fluidpd evaluate --workload azure-mixed --rps 20 --num-requests 2000 --pd 4P4D \
   --policies static,fluidpd --seed 0 --out results/live/azure-mixed-2000-20rps-2026-12-06
 # Result: static 77.3 %, FluidPD 94.5 % live (+17.2 pp; simulated 78.6 / 96.0 %), two D->P
 # switches, 180,386 prompt tokens stolen. FluidPD >= static - 1 pp holds on both.
+
+# Issue #14 at c084884 (a stolen suffix runs only within every running stream's TPOT room), run
+# from the repository root on the otherwise idle machine, admin tokens and pid files removed,
+# logs gzipped.
+fluidpd evaluate --workload long-chat-poisson --rps 4 --num-requests 240 --pd 4P4D \
+  --policies static,fluidpd --seed 0 --out results/live/long-chat-poisson-240-4rps-2026-12-06b
+# Result: static 97.5 %, FluidPD 99.2 % live (+1.7 pp; simulated 97.1 / 99.2 %), one switch,
+# no prompt tokens stolen, TPOT attainment 100 % both.
+fluidpd evaluate --workload azure-mixed --rps 20 --num-requests 2000 --pd 4P4D \
+  --policies static,fluidpd --seed 0 --out results/live/azure-mixed-2000-20rps-2026-12-06b
+# Result: static 78.3 %, FluidPD 95.4 % live (+17.1 pp; simulated 78.6 / 96.0 %), two
+# switches, 177,126 prompt tokens stolen, TPOT attainment 100 % both. FluidPD >= static - 1 pp
+# holds on both.
