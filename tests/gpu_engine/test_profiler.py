@@ -3,7 +3,7 @@ each run measures."""
 
 from __future__ import annotations
 
-import time
+import pytest
 
 from fluidpd_sidecar.gpu import profiler
 from fluidpd_sidecar.gpu.config import SHAPES
@@ -19,32 +19,38 @@ class _Clockless:
         """Nothing to wait for: the timed functions run on the host."""
 
 
-def _count_runs(grid: profiler.Grid, run_s: float) -> tuple[int, float]:
+def _count_runs(
+    grid: profiler.Grid, run_s: float, monkeypatch: pytest.MonkeyPatch
+) -> tuple[int, float]:
+    """Runs ``_timed`` on a function that takes exactly ``run_s`` of a fake clock: a real sleep
+    overshoots on a loaded machine (two 10 ms sleeps once took 0.1 s in CI)."""
+    now = [0.0]
     calls: list[float] = []
 
     def fn() -> None:
-        calls.append(time.perf_counter())
-        if run_s:
-            time.sleep(run_s)
+        calls.append(now[0])
+        now[0] += run_s
 
+    monkeypatch.setattr("fluidpd_sidecar.gpu.profiler.time.perf_counter", lambda: now[0])
     median = profiler._timed(_Clockless(), fn, grid)  # type: ignore[arg-type]
     return len(calls) - 1, median  # less the warm-up
 
 
-def test_a_point_takes_at_least_repeat_runs() -> None:
-    runs, _ = _count_runs(profiler.Grid(repeat=7, min_time_s=0.0), 0.0)
+def test_a_point_takes_at_least_repeat_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    runs, _ = _count_runs(profiler.Grid(repeat=7, min_time_s=0.0), 0.0, monkeypatch)
     assert runs == 7
 
 
-def test_short_points_repeat_until_min_time() -> None:
-    # Runs of 10 ms or more against 0.1 s: more than repeat, and at most ten.
-    runs, median = _count_runs(profiler.Grid(repeat=2, min_time_s=0.1), 0.01)
-    assert 2 < runs <= 10
-    assert median >= 0.01
+def test_short_points_repeat_until_min_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Runs of 1/64 s against 1/8 s (sums exact in binary): eight of them, more than repeat.
+    grid = profiler.Grid(repeat=2, min_time_s=0.125)
+    runs, median = _count_runs(grid, 0.015625, monkeypatch)
+    assert runs == 8
+    assert median == 0.015625
 
 
-def test_max_repeat_caps_the_runs() -> None:
-    runs, _ = _count_runs(profiler.Grid(repeat=1, min_time_s=60.0, max_repeat=12), 0.0)
+def test_max_repeat_caps_the_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    runs, _ = _count_runs(profiler.Grid(repeat=1, min_time_s=60.0, max_repeat=12), 0.0, monkeypatch)
     assert runs == 12
 
 
