@@ -179,7 +179,9 @@ class IterationError:
     """How a decode worker's measured iterations compare with their prediction: the running
     mean of ``measured / predicted`` (exponentially weighted), ``stream_tpot_room``'s
     ``stretch`` (at least 1): an engine that drifts slower than its profile runs every later
-    iteration that much longer.
+    iteration that much longer. (``OnlineCalibrator``'s scale candidate reads the same drift,
+    but only in adaptive mode, which refits the predictor itself; this ratio then stays near
+    1, and without it, it is the one correction the room gets.)
 
     The mean only, with no margin for one iteration's noise: a stream left at its room then
     misses TPOT about as often as it meets it, but a margin is a room every stream loses

@@ -374,6 +374,20 @@ def test_a_decode_worker_lost_after_its_done_event_completes_the_request() -> No
     assert dispatcher.retries == 0 and job.finish_reason == "length" and job.tokens == 2
 
 
+def _fails_with_502(decode: Script, words: str) -> Dispatcher:
+    """One pair whose decode half runs ``decode``: the request fails with a 502 whose message
+    holds ``words``."""
+    fakes = [Fake("p0", Role.PREFILL), Fake("d0", Role.DECODE, decode=decode)]
+    job = _job()
+
+    async def play(dispatcher: Dispatcher, f: dict[str, Fake]) -> None:
+        with pytest.raises(RequestFailed) as failed:
+            await collect(dispatcher, job)
+        assert failed.value.status == 502 and words in failed.value.message
+
+    return run(fakes, play)
+
+
 def test_a_migration_to_a_worker_that_is_gone_fails_the_request_as_lost() -> None:
     gone = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
 
@@ -381,15 +395,7 @@ def test_a_migration_to_a_worker_that_is_gone_fails_the_request_as_lost() -> Non
         await resp.write(_line(TOKEN))
         await resp.write(_line({"event": "migrated", "url": gone}))
 
-    fakes = [Fake("p0", Role.PREFILL), Fake("d0", Role.DECODE, decode=migrate)]
-    job = _job()
-
-    async def play(dispatcher: Dispatcher, f: dict[str, Fake]) -> None:
-        with pytest.raises(RequestFailed) as failed:
-            await collect(dispatcher, job)
-        assert failed.value.status == 502 and "lost mid-stream" in failed.value.message
-
-    run(fakes, play)
+    _fails_with_502(migrate, "lost mid-stream")
 
 
 async def an_event_without_ids(fake: Fake, _: web.Request, resp: web.StreamResponse) -> None:
@@ -397,13 +403,5 @@ async def an_event_without_ids(fake: Fake, _: web.Request, resp: web.StreamRespo
 
 
 def test_an_event_the_router_cannot_read_fails_the_request_with_a_readable_error() -> None:
-    fakes = [Fake("p0", Role.PREFILL), Fake("d0", Role.DECODE, decode=an_event_without_ids)]
-    job = _job()
-
-    async def play(dispatcher: Dispatcher, f: dict[str, Fake]) -> None:
-        with pytest.raises(RequestFailed) as failed:
-            await collect(dispatcher, job)
-        assert failed.value.status == 502 and "KeyError" in failed.value.message
-
-    dispatcher = run(fakes, play)
+    dispatcher = _fails_with_502(an_event_without_ids, "KeyError")
     assert dispatcher.retries == 0

@@ -99,6 +99,12 @@ def cell_trace(cell: tuple[Any, ...]) -> tuple[Profile, SLO, float, Workload] | 
     return profile, slo, rps, workload(params, rps, n, seed, profile.context_limit)
 
 
+def base_config(cell: tuple[Any, ...], profile: Profile, slo: SLO) -> SimConfig:
+    """The cell's deployment: its split, the draws' engine noise, its seed."""
+    _, _, _, _, workers, pd, _, seed = cell
+    return SimConfig(profile, slo, pd, workers - pd, noise=0.05, seed=seed)
+
+
 def run(cell: tuple[Any, ...]) -> dict[str, Any]:
     i, params, prof, slo_name, workers, pd, frac, seed = cell
     traced = cell_trace(cell)
@@ -106,7 +112,7 @@ def run(cell: tuple[Any, ...]) -> dict[str, Any]:
         return {"i": i, "skip": True}
     profile, slo, rps, w = traced
     n = len(w)
-    base = SimConfig(profile, slo, pd, workers - pd, noise=0.05, seed=seed)
+    base = base_config(cell, profile, slo)
     out: dict[str, Any] = {
         "i": i, "params": params, "profile": "/".join(prof), "slo": slo_name,
         "workers": workers, "pd": pd, "frac": frac, "rps": rps, "seed": seed, "requests": n,

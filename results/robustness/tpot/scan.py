@@ -23,7 +23,7 @@ import stress
 
 from fluidpd.sim.metrics import run_metrics
 from fluidpd.sim.policies import MECHANISMS
-from fluidpd.sim.simulator import SimConfig, simulate
+from fluidpd.sim.simulator import simulate
 
 KEYS = ("slo_attainment", "ttft_attainment", "tpot_attainment")
 
@@ -33,9 +33,8 @@ def one(cell: tuple[Any, ...]) -> dict[str, Any] | None:
     if traced is None:
         return None
     profile, slo, _, w = traced
-    i, _, _, _, workers, pd, _, seed = cell
-    base = SimConfig(profile, slo, pd, workers - pd, noise=0.05, seed=seed)
-    out: dict[str, Any] = {"i": i}
+    base = stress.base_config(cell, profile, slo)
+    out: dict[str, Any] = {"i": cell[0]}
     for policy in ("static", "fluidtoken"):
         result = simulate(w, replace(base, mechanisms=MECHANISMS[policy]))
         m = run_metrics(result.requests, slo)
