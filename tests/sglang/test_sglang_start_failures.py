@@ -104,8 +104,10 @@ def up_without_sglang(
         sys.executable, "-m", "fluidpd.cli.main", "up", "--engine", "sglang", "--pd", "1P1D",
         "--policy", "static", "--device", "cpu", "--model-dir", str(tiny_llama_dir),
         "--sglang-python", "/bin/false", "--sglang-start-timeout", str(START_S),
-        "--port", str(_free_port()), "--run-dir", str(run_dir),
+        "--port", "0", "--run-dir", str(run_dir),
     ]  # fmt: skip
+    # Port 0: the kernel picks every port, so none can be taken between a look and a bind
+    # (a fixed --port put the sidecars at --port + 101, which another process held once).
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         yield Up(proc, run_dir, time.monotonic())
