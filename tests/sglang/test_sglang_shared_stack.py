@@ -177,6 +177,12 @@ def _forced(up: Up, beta: float) -> Iterator[None]:
         put(None)
 
 
+def _suffix(up: Up) -> dict[str, int]:
+    """The decode server's hook: stolen suffixes run as extends, their tokens, and iterations
+    one waited for a running stream's TPOT room."""
+    return dict(up.get(DECODE, "/v1/internal/sglang").json()["suffix"])
+
+
 def _stolen(up: Up) -> int:
     """Prompt tokens the prefill workers left to the decode worker so far, together."""
     return sum(int(up.get(wid, "/pressure").json()["stolen_tokens"]) for wid in PREFILL)
@@ -374,6 +380,7 @@ def test_forced_split_greedy_text_equals_plain_sglang(up: Up, beta: float) -> No
     client = _client(up)
     model = client.models.list().data[0].id
     before = _stolen(up)
+    extends = _suffix(up)
     with _forced(up, beta):
         for k, length in enumerate(LENGTHS):
             ids = [(13 * k + 11 * i) % 900 + 20 for i in range(length)]
@@ -389,6 +396,19 @@ def test_forced_split_greedy_text_equals_plain_sglang(up: Up, beta: float) -> No
         assert up.get(wid, "/pressure").json()["role"] == "prefill"
     decode = up.get(DECODE, "/pressure").json()
     assert decode["role"] == "decode" and decode["steal_budget"] >= 0.0
+    # Each stolen suffix ran as one extend in the decode server's scheduler (none was held
+    # for a stream's TPOT room for good: each request ran alone), and the counters say so.
+    runs = [_split(n, beta) for n in LENGTHS if _split(n, beta)]
+    want = {"extends": extends["extends"] + len(runs),
+            "extend_tokens": extends["extend_tokens"] + sum(runs)}  # fmt: skip
+    deadline = time.monotonic() + 10
+    while {k: _suffix(up)[k] for k in want} != want and time.monotonic() < deadline:
+        time.sleep(0.2)  # the sidecar reads the hook every few hundred ms
+    assert {k: _suffix(up)[k] for k in want} == want, (_suffix(up), want)
+    metrics = up.get(DECODE, "/metrics").text
+    assert f'fluidpd_sglang_suffix_extends_total{{worker="{DECODE}"}} {float(want["extends"])}' in (
+        metrics
+    ), [m for m in metrics.splitlines() if "suffix" in m]
 
 
 @BETAS

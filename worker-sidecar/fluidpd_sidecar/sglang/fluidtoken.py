@@ -340,8 +340,15 @@ class DecodeSplits:
         self.intake.add(int(snap.get("n_steps", 0)), prompt_len, max_new_tokens, self.output_clip)
 
     async def register(self, client: aiohttp.ClientSession, body: SuffixCommit) -> None:
-        """Tell the hook before the prefix KV can land (the prefill side waits for this)."""
-        split = {"rid": str(body.rid), "suffix": body.tokens}
+        """Tell the hook before the prefix KV can land (the prefill side waits for this):
+        the suffix, the profile's prediction of its extend and the TPOT target, so that the
+        extend waits for room in every running stream's TPOT (``fluidtoken_hook.Streams``)."""
+        split = {
+            "rid": str(body.rid),
+            "suffix": body.tokens,
+            "suffix_s": float(self.suffix.time(body.tokens, body.prefix)),
+            "tpot": self.slo.tpot,
+        }
         timeout = aiohttp.ClientTimeout(total=5.0)
         async with client.post(f"{self.hook_url}/split", json=split, timeout=timeout) as r:
             if r.status != 200:

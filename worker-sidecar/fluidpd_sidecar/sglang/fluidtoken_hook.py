@@ -28,7 +28,13 @@ already holds a request-pool row, like a chunked prefill), so KV accounting is S
 That needs ``page_size`` 1 (a partial page would free prefix slots); ``register`` refuses
 otherwise. One extend runs per iteration and a decode iteration of the running batch runs
 between two of them: the stealing budget the decode sidecar advertises (eqs. 12-17, FluidPD's
-core) bounds how much suffix work prefill workers send here in the first place.
+core) bounds how much suffix work prefill workers send here in the first place. And an extend
+runs only within every running stream's TPOT room (the core's ``stream_tpot_room``, as the
+simulator's and the sim-engine's decode scheduler, ``DecodeSide.next_batch``): the decode
+sidecar registers each split with the profile's prediction of its extend's seconds and the
+TPOT target; the room reads each running request's first-token time and tokens from SGLang
+and the decode iteration's period as measured here. Until the suffix fits, the running batch
+decodes on without it (``_stats["held"]`` counts those iterations).
 
 On the prefill side, ``Scheduler.process_batch_result_disagg_prefill`` (where SGLang, the
 forward of a request's last chunk done, starts sending its KV) records the request as
@@ -42,17 +48,32 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections import deque
+from dataclasses import dataclass
+from statistics import median
 from typing import Any
 
-#: Registered splits: SGLang rid -> (stolen suffix tokens, registration time).
-_splits: dict[str, tuple[int, float]] = {}
+# The pure core (numpy only) runs here too: ``server.server_env`` puts it on SGLang's path.
+from fluidpd.core.fluidtoken import stream_tpot_room
+
+
+@dataclass(frozen=True, slots=True)
+class _Split:
+    tokens: int  #: stolen suffix tokens
+    suffix_s: float  #: the decode sidecar's prediction of their extend's seconds
+    tpot: float  #: the TPOT target running streams are held to (0: none)
+    at: float  #: registration time (``time.monotonic``)
+
+
+#: Registered splits: SGLang rid -> its split.
+_splits: dict[str, _Split] = {}
 #: Splits whose prefill server never gets the room (p = 0): rooms to forget on the prefill
 #: side (its transfer engine keeps the decode side's destination list for every room).
 _forget: dict[int, float] = {}
 _lock = threading.Lock()
 #: A registration nobody used (the request never came, or was aborted first) expires.
 SPLIT_TTL_S = 900.0
-_stats: dict[str, Any] = {"extends": 0, "extend_tokens": 0, "forwarded": 0}
+_stats: dict[str, Any] = {"extends": 0, "extend_tokens": 0, "forwarded": 0, "held": 0}
 #: Prefill side: rids whose forward is done (KV being sent), rid -> when; taken by a waiter.
 _forwarded: dict[str, float] = {}
 _forwarded_cv = threading.Condition()
@@ -63,13 +84,17 @@ _scheduler: dict[str, Any] = {"s": None}
 _MARK = "_fluidpd_extend"
 #: Set on a request whose prefix KV landed and whose suffix still has to run.
 _PREFIX = "_fluidpd_prefix"
+#: Set beside it: the request's ``_Split`` (for its extend's TPOT room).
+_SPLIT = "_fluidpd_split"
+#: Decode iterations whose period makes the room's iteration time.
+PERIODS_KEPT = 16
 
 
 class SplitRefused(ValueError):
     """The split cannot be run here (bad values or an unsupported server config)."""
 
 
-def register(rid: str, suffix: int) -> None:
+def register(rid: str, suffix: int, suffix_s: float = 0.0, tpot: float = 0.0) -> None:
     s = _scheduler["s"]
     if s is not None:
         page = int(getattr(s.token_to_kv_pool_allocator, "page_size", 1))
@@ -77,8 +102,66 @@ def register(rid: str, suffix: int) -> None:
             raise SplitRefused(f"page_size {page}: suffix extends need page_size 1")
     if suffix < 1:
         raise SplitRefused("suffix must be >= 1")
+    if not (suffix_s >= 0.0 and tpot >= 0.0):  # also refuses NaN
+        raise SplitRefused("suffix_s and tpot must be >= 0")
     with _lock:
-        _splits[str(rid)] = (int(suffix), time.monotonic())
+        _splits[str(rid)] = _Split(int(suffix), float(suffix_s), float(tpot), time.monotonic())
+
+
+class Streams:
+    """What the TPOT room needs of SGLang's running decode streams: each one's first-token
+    time and tokens out (SGLang's own request state), and the decode iteration's period,
+    measured here between two calls of the batch selection with a decode step between them
+    (SGLang's loop without the overlap scheduler, which FluidToken's extend needs: receive,
+    run, process; what a stream waits between two of its tokens)."""
+
+    def __init__(self) -> None:
+        self.periods: deque[float] = deque(maxlen=PERIODS_KEPT)
+        self.last_call: float | None = None
+
+    def observe(self, now: float, decoded: bool) -> None:
+        """The batch selection is called at ``now`` (``time.perf_counter``); ``decoded``: the
+        iteration since the last call was a decode step of the running batch."""
+        if decoded and self.last_call is not None:
+            self.periods.append(now - self.last_call)
+        self.last_call = now
+
+    def iteration_s(self) -> float:
+        # The median: one slow iteration (a transfer landing, a collection) is not the next.
+        return median(self.periods) if self.periods else 0.0
+
+    def room(self, now: float, tpot: float, running: list[Any]) -> float:
+        """``stream_tpot_room`` of the ``running`` requests at ``now``: the most seconds an
+        extend may take before their next decode step."""
+        streams = []
+        for r in running:
+            first = _first_token_time(r)
+            if first <= 0.0 or r.finished():
+                continue  # not streaming yet, or leaving the batch: no TPOT to keep
+            limit = int(getattr(r.sampling_params, "max_new_tokens", 0) or 0)
+            streams.append((now - first, len(r.output_ids), limit))
+        return stream_tpot_room(tpot, self.iteration_s(), streams)
+
+    def fits(self, split: _Split | None, now: float, running: list[Any]) -> bool:
+        """Whether ``split``'s extend may run at ``now``, before the ``running`` requests'
+        next decode step."""
+        if split is None or split.tpot <= 0.0 or not running:
+            return True  # nothing to keep, or a caller that did not say: the budget bounds it
+        return split.suffix_s <= self.room(now, split.tpot, running)
+
+
+def _first_token_time(req: Any) -> float:
+    """When SGLang stamped ``req``'s first token here (``perf_counter``; 0 when not yet): the
+    prebuilt step of a request the prefill server computed, or the extend of a stolen one."""
+    ts = getattr(req, "time_stats", None)
+    if ts is None:
+        return 0.0
+    return float(getattr(ts, "decode_prebuilt_finish_time", 0.0) or 0.0) or float(
+        getattr(ts, "prefill_finished_time", 0.0) or 0.0
+    )
+
+
+_streams = Streams()
 
 
 def forget_room(room: int) -> None:
@@ -132,7 +215,7 @@ def _patch_prefill_result(cls: Any) -> None:
 def _sweep() -> None:
     now = time.monotonic()
     with _lock:
-        for rid in [r for r, (_, t) in _splits.items() if now - t > SPLIT_TTL_S]:
+        for rid in [r for r, split in _splits.items() if now - split.at > SPLIT_TTL_S]:
             del _splits[rid]
         rooms = list(_forget.items())
     s = _scheduler["s"]
@@ -203,7 +286,7 @@ def _split_of(req: Any) -> int | None:
         hit = _splits.get(str(req.rid))
     if hit is None:
         return None
-    return max(0, len(req.origin_input_ids) - hit[0])
+    return max(0, len(req.origin_input_ids) - hit.tokens)
 
 
 def _patch_transfer_queue(cls: Any) -> None:
@@ -228,9 +311,10 @@ def _patch_transfer_queue(cls: Any) -> None:
         if p is None:
             return commit_original(self, decode_req)
         with _lock:
-            _splits.pop(str(req.rid), None)
+            split = _splits.pop(str(req.rid), None)
         # The prefill server's token came from position p - 1 of the prompt, not its end.
         setattr(req, _PREFIX, p)
+        setattr(req, _SPLIT, split)
         decode_req.kv_receiver.clear()
         decode_req.kv_receiver = None
         req.time_stats.set_wait_queue_entry_time()
@@ -251,6 +335,8 @@ def _extend_batch(s: Any, req: Any) -> Any:
 
     p = getattr(req, _PREFIX)
     delattr(req, _PREFIX)
+    if hasattr(req, _SPLIT):
+        delattr(req, _SPLIT)
     n = len(req.origin_input_ids)
     row = s.req_to_token_pool.req_to_token[req.req_pool_idx]
     # The suffix's pre-allocated slots go back; prepare_for_extend takes n - p again.
@@ -289,6 +375,8 @@ def _patch_next_batch(cls: Any) -> None:
     def next_batch(self: Any, running_batch: Any) -> Any:
         last = self.last_batch
         ran_extend = last is not None and getattr(last, _MARK, False)
+        now = time.perf_counter()
+        _streams.observe(now, last is not None and not ran_extend and last.forward_mode.is_decode())
         if ran_extend:
             # As SGLang's normal scheduler does after a prefill: the extended request joins
             # the running decode batch (finished ones are filtered out first).
@@ -302,22 +390,40 @@ def _patch_next_batch(cls: Any) -> None:
         fluid = [r for r in self.waiting_queue if hasattr(r, _PREFIX)]
         if not fluid:
             return original(self, running_batch)
-        # One extend per iteration, and a decode step of a non-empty batch between two.
-        if not ran_extend or running_batch.is_empty():
-            req = fluid[0]
+        running = [] if running_batch.is_empty() else list(running_batch.reqs)
+        req = extend_next(fluid, ran_extend, running, now)
+        if req is not None:
             self.waiting_queue = [r for r in self.waiting_queue if r is not req]
             self.running_batch = running_batch
             batch = _extend_batch(self, req)
             return NextBatchPlan(batch_to_run=batch, running_batch=running_batch)
-        # SGLang's prebuilt path must not take the requests whose suffix has not run.
-        rest = [r for r in self.waiting_queue if not hasattr(r, _PREFIX)]
-        self.waiting_queue = rest
-        try:
-            return original(self, running_batch)
-        finally:
-            self.waiting_queue = fluid + list(self.waiting_queue)
+        return _without(self, running_batch, fluid, original)
 
     cls.get_next_disagg_decode_batch_to_run = next_batch
+
+
+def extend_next(fluid: list[Any], ran_extend: bool, running: list[Any], now: float) -> Any:
+    """The request whose suffix extend runs now, or None for a decode step first: one extend
+    per iteration, a decode step of a non-empty batch between two, and none that would push
+    a running stream past its TPOT (the first waiting suffix waits for room: FIFO, as the
+    core's ``DecodeSide.next_batch``)."""
+    if ran_extend and running:
+        return None
+    req = fluid[0]
+    if not _streams.fits(getattr(req, _SPLIT, None), now, running):
+        _stats["held"] += 1
+        return None
+    return req
+
+
+def _without(s: Any, running_batch: Any, fluid: list[Any], original: Any) -> Any:
+    """SGLang's own batch selection, which must not take the requests whose suffix has not
+    run (its prebuilt path would decode them as if their whole prompt had been computed)."""
+    s.waiting_queue = [r for r in s.waiting_queue if not hasattr(r, _PREFIX)]
+    try:
+        return original(s, running_batch)
+    finally:
+        s.waiting_queue = fluid + list(s.waiting_queue)
 
 
 def install(scheduler_cls: Any) -> None:
@@ -342,7 +448,12 @@ def handle_post(path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
             done = wait_forwarded(str(body["rid"]), float(body.get("timeout", 5.0)))
             return 200, {"forwarded": done}
         if path == "/split":
-            register(str(body["rid"]), int(body["suffix"]))
+            register(
+                str(body["rid"]),
+                int(body["suffix"]),
+                float(body.get("suffix_s", 0.0)),
+                float(body.get("tpot", 0.0)),
+            )
             return 200, {"ok": True}
         if path == "/forget":
             forget_room(int(body["room"]))

@@ -24,12 +24,15 @@ from pathlib import Path
 
 import aiohttp
 
+import fluidpd
 from fluidpd.procs import die_with_parent
 
 log = logging.getLogger("fluidpd.sidecar.sglang")
 
 #: The directory that holds ``fluidpd_sidecar`` (put on SGLang's ``PYTHONPATH``).
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+#: The ``fluidpd`` package, whose pure core the scheduler hook imports (numpy only).
+CORE_PACKAGE = Path(fluidpd.__file__).resolve().parent
 CPU_STUBS = Path(__file__).resolve().parent / "cpu_stubs"
 #: SGLang's P/D roles; FluidPD's prefill/decode map onto them, "null" is a unified server.
 MODES = ("null", "prefill", "decode")
@@ -125,9 +128,34 @@ def server_command(cfg: SglangConfig) -> list[str]:
     return argv
 
 
-def server_env(cfg: SglangConfig, base: dict[str, str] | None = None) -> dict[str, str]:
+def core_path(beside: Path) -> Path | None:
+    """Where SGLang's interpreter finds ``fluidpd`` (None: beside ``fluidpd_sidecar``).
+
+    Installed from a wheel, ``fluidpd`` sits beside ``fluidpd_sidecar`` and needs nothing.
+    From a source checkout it sits at the repository's root, beside ``tests/``, ``e2e/`` and
+    ``operator/``, which must not shadow what SGLang imports: then a directory under
+    ``beside`` (the server's log directory) that holds only a link to it."""
+    if (PACKAGE_ROOT / "fluidpd").resolve() == CORE_PACKAGE:
+        return None
+    home = beside / "fluidpd-core"
+    link = home / "fluidpd"
+    if link.resolve() != CORE_PACKAGE:
+        home.mkdir(parents=True, exist_ok=True)
+        tmp = home / f".fluidpd-{os.getpid()}"
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(CORE_PACKAGE, target_is_directory=True)
+        os.replace(tmp, link)  # at once: the other sidecars' servers may be reading it
+    return home
+
+
+def server_env(
+    cfg: SglangConfig, base: dict[str, str] | None = None, core: Path | None = None
+) -> dict[str, str]:
+    """SGLang's environment: ``core`` is ``core_path``'s answer."""
     env = dict(os.environ if base is None else base)
     paths = [str(PACKAGE_ROOT)]
+    if core is not None:
+        paths.append(str(core))
     if cfg.cpu:
         paths.append(str(CPU_STUBS))
     if env.get("PYTHONPATH"):
@@ -229,7 +257,7 @@ class SglangServer:
         try:
             self.proc = await asyncio.create_subprocess_exec(
                 *server_command(cfg),
-                env=server_env(cfg),
+                env=server_env(cfg, core=core_path(cfg.log_path.parent)),
                 stdout=logf,
                 stderr=asyncio.subprocess.STDOUT,
                 stdin=asyncio.subprocess.DEVNULL,

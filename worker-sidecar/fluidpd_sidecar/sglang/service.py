@@ -35,7 +35,7 @@ from urllib.parse import urlparse
 
 import aiohttp
 import orjson
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from fluidpd.api.internal import (
@@ -95,7 +95,7 @@ class _StepGauges(Collector):
     def __init__(self, service: SglangService) -> None:
         self.service = service
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         worker = self.service.cfg.worker_id
         med = GaugeMetricFamily(
             "fluidpd_sglang_step_seconds",
@@ -124,6 +124,17 @@ class _StepGauges(Collector):
             g = GaugeMetricFamily(name, doc, labels=["worker"])
             g.add_metric([worker], float(value))
             yield g
+        fluid = self.service.snapshot.get("fluid") or {}
+        for key, name, doc in (
+            ("extends", "fluidpd_sglang_suffix_extends",
+             "Stolen suffixes the decode server's hook ran as extends"),
+            ("extend_tokens", "fluidpd_sglang_suffix_extend_tokens", "Their prompt tokens"),
+            ("held", "fluidpd_sglang_suffix_held_iterations",
+             "Decode iterations a waiting suffix was held for a running stream's TPOT room"),
+        ):  # fmt: skip
+            c = CounterMetricFamily(name, doc, labels=["worker"])
+            c.add_metric([worker], float(fluid.get(key, 0)))
+            yield c
 
 
 @dataclass(slots=True)
@@ -352,6 +363,7 @@ class SglangService:
 
     def bootstrap_info(self) -> dict[str, Any]:
         cfg = self.server.cfg
+        fluid = self.snapshot.get("fluid") or {}
         return {
             # SGLang's live role (a FluidRole worker is launched as decode and flipped).
             "mode": self.snapshot.get("mode", cfg.mode),
@@ -367,6 +379,8 @@ class SglangService:
             "prefill_in_flight": self.planner.in_flight,
             "prefill_in_flight_max": self.planner.max_in_flight,
             "prefill_overlapped": self.planner.overlapped,
+            # The decode hook's suffix extends, their tokens, and iterations held for room.
+            "suffix": {k: fluid.get(k, 0) for k in ("extends", "extend_tokens", "held")},
         }
 
     # -- request halves -----------------------------------------------------------------------

@@ -1,0 +1,177 @@
+"""FluidToken's suffix extend inside SGLang's decode scheduler waits for room in every running
+stream's TPOT (``fluidtoken_hook.Streams``, ``extend_next``), as the core's decode scheduler
+does in the simulator and the sim engine; and the decode sidecar tells the hook, over the
+hook's real HTTP server, what the room is weighed against.
+
+SGLang's requests are stand-ins here with the fields the hook reads (``time_stats``,
+``output_ids``, ``sampling_params``, ``finished``); the real scheduler runs the same code in
+test_sglang_shared_stack.py, and ``test_sglang_python_imports_the_core`` checks that SGLang's
+own interpreter finds the core the hook imports."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import threading
+from collections.abc import Iterator
+from http.server import ThreadingHTTPServer
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import aiohttp
+import pytest
+
+from fluidpd.api.internal import SuffixCommit
+from fluidpd.core.fluidtoken import FluidTokenConfig, stream_tpot_room
+from fluidpd.core.types import SLO
+from fluidpd.profiles import resolve_profile
+from fluidpd_sidecar.sglang import fluidtoken_hook, hook
+from fluidpd_sidecar.sglang.fluidtoken import DecodeSplits
+from fluidpd_sidecar.sglang.fluidtoken_hook import Streams, _Split
+from fluidpd_sidecar.sglang.server import SglangConfig, core_path, server_env
+
+PROFILE = resolve_profile("llama-3.1-8b", "a100-80gb", None)
+
+
+def _req(rid: str, first: float, out: int, limit: int, done: bool = False) -> Any:
+    """A running SGLang request: first token at ``first`` (``perf_counter``), ``out`` tokens."""
+    return SimpleNamespace(
+        rid=rid,
+        time_stats=SimpleNamespace(decode_prebuilt_finish_time=first, prefill_finished_time=0.0),
+        output_ids=list(range(out)),
+        sampling_params=SimpleNamespace(max_new_tokens=limit),
+        finished=lambda: done,
+    )
+
+
+def _streams(*periods: float) -> Streams:
+    streams = Streams()
+    t = 100.0
+    streams.observe(t, decoded=False)
+    for p in periods:
+        t += p
+        streams.observe(t, decoded=True)
+    return streams
+
+
+def test_the_iteration_is_the_median_period_of_decode_steps_only() -> None:
+    streams = Streams()
+    streams.observe(0.0, decoded=False)
+    streams.observe(0.020, decoded=True)
+    streams.observe(0.520, decoded=False)  # an extend of 0.5 s: not a decode iteration
+    streams.observe(0.550, decoded=True)
+    streams.observe(0.575, decoded=True)
+    streams.observe(0.975, decoded=True)  # one slow step (a transfer landing)
+    assert streams.iteration_s() == pytest.approx(0.0275)  # median of 20, 30, 25, 400 ms
+    assert Streams().iteration_s() == 0.0
+
+
+def test_a_suffix_runs_only_within_a_short_streams_tpot_room() -> None:
+    # A 4-token stream, 1 token out 20 ms ago, on a worker decoding every 26 ms at a 50 ms
+    # TPOT: its three gaps may take 150 ms, 20 + 3 x 26 are spent or needed, 52 ms are left.
+    streams = _streams(0.026, 0.026, 0.026)
+    now = 200.0
+    short = _req("a", now - 0.020, 1, 4)
+    room = streams.room(now, 0.05, [short])
+    assert room == pytest.approx(0.052)
+    assert room == pytest.approx(stream_tpot_room(0.05, 0.026, [(0.020, 1, 4)]))
+    assert streams.fits(_Split(100, 0.050, 0.05, 0.0), now, [short])
+    assert not streams.fits(_Split(100, 0.055, 0.05, 0.0), now, [short])
+    # A long stream beside it has more room: the short one still decides.
+    long = _req("b", now - 1.0, 30, 500)
+    assert not streams.fits(_Split(100, 0.055, 0.05, 0.0), now, [long, short])
+    assert streams.fits(_Split(100, 0.055, 0.05, 0.0), now, [long])
+
+
+def test_streams_that_cannot_be_kept_or_are_leaving_hold_nothing_back() -> None:
+    streams = _streams(0.026)
+    now = 50.0
+    late = _req("late", now - 0.5, 2, 4)  # 0.5 s after its first token: past 3 x 50 ms already
+    done = _req("done", now - 0.010, 1, 2, done=True)
+    waiting = _req("new", 0.0, 0, 4)  # no first token yet
+    big = _Split(100, 10.0, 0.05, 0.0)
+    assert streams.fits(big, now, [late, done, waiting])
+    # No TPOT said (a caller of the hook's route that predates it), or nothing running.
+    assert streams.fits(_Split(100, 10.0, 0.0, 0.0), now, [_req("a", now, 1, 4)])
+    assert streams.fits(big, now, [])
+
+
+@pytest.fixture
+def clean_hook() -> Iterator[None]:
+    saved = (fluidtoken_hook._streams, dict(fluidtoken_hook._stats))
+    yield
+    fluidtoken_hook._streams = saved[0]
+    fluidtoken_hook._stats.clear()
+    fluidtoken_hook._stats.update(saved[1])
+    fluidtoken_hook._splits.clear()
+
+
+def test_the_first_waiting_suffix_waits_and_the_batch_decodes_meanwhile(clean_hook: None) -> None:
+    fluidtoken_hook._streams = _streams(0.026, 0.026)
+    now = 300.0
+    short = _req("s", now - 0.020, 1, 4)
+    queued = [SimpleNamespace(rid="x"), SimpleNamespace(rid="y")]
+    setattr(queued[0], fluidtoken_hook._SPLIT, _Split(800, 0.2, 0.05, 0.0))
+    setattr(queued[1], fluidtoken_hook._SPLIT, _Split(10, 0.001, 0.05, 0.0))
+    held = fluidtoken_hook._stats["held"]
+    extend_next = fluidtoken_hook.extend_next
+    # FIFO: the small one behind does not jump the queue.
+    assert extend_next(queued, False, [short], now) is None
+    assert fluidtoken_hook._stats["held"] == held + 1
+    assert extend_next(queued, False, [], now) is queued[0]  # the stream ended: room
+    # One extend per iteration while streams run, whatever the room.
+    assert extend_next(queued[1:], True, [short], now) is None
+    assert extend_next(queued[1:], False, [short], now) is queued[1]
+
+
+def test_the_decode_sidecar_registers_the_suffix_time_and_tpot_over_http(
+    clean_hook: None,
+) -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), hook._Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    slo = SLO(ttft=1.0, tpot=0.05)
+    splits = DecodeSplits(
+        PROFILE, slo, FluidTokenConfig(), f"http://127.0.0.1:{server.server_port}"
+    )
+
+    async def register() -> None:
+        async with aiohttp.ClientSession() as client:
+            await splits.register(client, SuffixCommit(rid=42, tokens=700, prefix=3000))
+
+    try:
+        asyncio.run(register())
+    finally:
+        server.shutdown()
+        server.server_close()
+    split = fluidtoken_hook._splits["42"]
+    assert split.tokens == 700 and split.tpot == 0.05
+    assert split.suffix_s == pytest.approx(PROFILE.suffix_predictor().time(700, 3000))
+    assert split.suffix_s > PROFILE.suffix_predictor().time(700, 0)  # the prefix counts
+    bad = fluidtoken_hook.handle_post("/split", {"rid": "1", "suffix": 5, "tpot": -1})
+    assert bad[0] == 400 and "tpot" in bad[1]["error"]
+
+
+def test_sglang_python_imports_the_core(sglang_python: str, tmp_path: Path) -> None:
+    """SGLang's own interpreter, with the environment a server gets, imports the hook and the
+    core it uses, and not the checkout's other top-level folders."""
+    home = core_path(tmp_path)
+    cfg = SglangConfig(python=sglang_python, model_dir=tmp_path, port=1, hook_port=2, device="cpu")
+    env = server_env(cfg, core=home)
+    check = (
+        "import importlib.util as u, fluidpd_sidecar.sglang.fluidtoken_hook as h; "
+        "import fluidpd.core.fluidtoken as f; "
+        "assert h.stream_tpot_room is f.stream_tpot_room; "
+        "assert u.find_spec('e2e') is None and u.find_spec('conftest') is None; print('ok')"
+    )
+    done = subprocess.run(
+        [sglang_python, "-c", check],
+        check=False,
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+    assert core_path(tmp_path) == home  # a second sidecar beside it reuses the link
