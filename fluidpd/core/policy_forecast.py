@@ -319,9 +319,12 @@ class Forecast:
 
     @property
     def noise(self) -> float:
-        """The Poisson standard deviation of the misses the kept split would see over the
-        horizon, ``sqrt(loss_before * arrivals)``: a saving inside it is no evidence."""
-        return math.sqrt(max(0.0, self.loss_before) * self.arrivals)
+        """The standard deviation of the misses the kept split would see over the horizon,
+        ``sqrt(c_a^2 loss_before arrivals)``: a saving inside it is no evidence. Poisson's
+        where arrivals are no burstier; clustered arrivals (``arrival_cv2`` past 1) miss in
+        clusters, and the count's variance grows with them (the index of dispersion of a
+        renewal stream's counts is its gaps' c_a^2, as ``Demand.reliable`` counts samples)."""
+        return math.sqrt(max(0.0, self.loss_before) * self.arrivals * max(1.0, self.arrival_cv2))
 
     @property
     def prefill_donor(self) -> bool:
@@ -1222,7 +1225,12 @@ def worth_basis(
 
 def gain_clear(f: Forecast, margin: float) -> bool:
     """The forecast gain beats the cost by the margin, the loss falls by the margin, and the
-    requests saved pass the Poisson noise of the misses the kept split would see."""
+    requests saved pass the noise of the misses the kept split would see (``Forecast.noise``:
+    Poisson's, widened by clustered arrivals). Counted as Poisson's under gamma arrivals of
+    c_a^2 6.6, 1.2 requests saved of 236 over the horizon (2P2D -> 3P1D, the decode pool
+    idle at 0.04) passed a noise of 1.1; half-way, outputs grew 4.3-fold, the one decode
+    worker left saturated and the undo came after 250 s (stress draw 13, cell 149: static
+    84.4 %, FluidPD 67.6 %; 91.8 % refused)."""
     return (
         f.gain > 0
         and f.gain >= (1.0 + margin) * f.cost

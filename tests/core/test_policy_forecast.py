@@ -748,6 +748,19 @@ def test_a_saving_inside_the_noise_of_the_misses_is_refused() -> None:
     assert clear.saved > clear.noise and clearly_worth(clear, 0.1)
 
 
+def test_clustered_arrivals_widen_the_noise_a_saving_must_pass() -> None:
+    # The same 100 requests saved of 1,000, against misses that come in clusters: with
+    # arrival gaps of c_a^2 60 the count of misses varies 60 times Poisson's, sqrt(0.2 x
+    # 1000 x 60) = 110 requests, and the saving is no evidence. Gaps smoother than Poisson's
+    # narrow nothing.
+    clear = Forecast(0.5, 0.4, 0.5, 1.0, 12.0, 0.0, 0.5, 0.2, 0.1, 0.2, 1000.0)
+    bursty = replace(clear, arrival_cv2=60.0)
+    assert math.isclose(bursty.noise, math.sqrt(0.2 * 1000 * 60))
+    assert bursty.saved < bursty.noise and not clearly_worth(bursty, 0.1)
+    assert replace(clear, arrival_cv2=0.5).noise == clear.noise
+    assert clearly_worth(replace(clear, arrival_cv2=20.0), 0.1)  # 63 requests of noise
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     rate=st.floats(0.1, 8.0),
