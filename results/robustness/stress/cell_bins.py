@@ -17,7 +17,7 @@ from fluidpd.sim.metrics import good_mask
 from fluidpd.sim.policies import MECHANISMS
 from fluidpd.sim.simulator import SimConfig, simulate
 
-CELLS_PER_SEED = {1: 200, 2: 150, 3: 150, 4: 150, 5: 150, 6: 150, 7: 150, 8: 150, 9: 150, 10: 150}
+CELLS_PER_SEED = {1: 200, **{s: 150 for s in range(2, 14)}}
 
 
 def main() -> None:
