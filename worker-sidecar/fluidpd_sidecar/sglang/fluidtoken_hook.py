@@ -1,6 +1,6 @@
 """FluidToken inside SGLang's decode scheduler: run a stolen suffix as a real extend forward.
 
-Runs in SGLang's scheduler process (standard library and SGLang only, like ``hook``). The
+Runs in SGLang's scheduler process (standard library, SGLang and FluidPD's pure core). The
 prefill server computed only the prefix ``input_ids[:p]`` of a request (FluidPD's prefill
 sidecar sent it just that) and shipped that KV into the first ``p`` slots of the decode
 server's pre-allocation (SGLang's transfer slices destinations positionally, so a shorter
@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Any
 
-# The pure core (numpy only) runs here too: ``server.server_env`` puts it on SGLang's path.
+# The pure core (numpy only) runs here too: ``server.core_path`` puts it on SGLang's path.
 from fluidpd.core.fluidtoken import stream_tpot_room
 
 

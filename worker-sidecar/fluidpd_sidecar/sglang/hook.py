@@ -8,7 +8,8 @@ thread answers ``GET /`` on ``127.0.0.1:$FLUIDPD_SGLANG_HOOK_PORT`` with a JSON 
 from the scheduler's own queues. Reads only: lists are copied under the GIL before they are
 walked, and nothing here mutates scheduler state.
 
-Standard library and SGLang only: this module is imported by SGLang's interpreter.
+Standard library, SGLang and (through ``fluidtoken_hook``) FluidPD's pure core only: this
+module is imported by SGLang's interpreter.
 """
 
 from __future__ import annotations
