@@ -112,8 +112,8 @@ def test_the_first_waiting_suffix_waits_and_the_batch_decodes_meanwhile(clean_ho
     now = 300.0
     short = _req("s", now - 0.020, 1, 4)
     queued = [SimpleNamespace(rid="x"), SimpleNamespace(rid="y")]
-    setattr(queued[0], fluidtoken_hook._SPLIT, _Split(800, 0.2, 0.05, 0.0))
-    setattr(queued[1], fluidtoken_hook._SPLIT, _Split(10, 0.001, 0.05, 0.0))
+    setattr(queued[0], fluidtoken_hook._PENDING, _Split(800, 0.2, 0.05, 0.0))
+    setattr(queued[1], fluidtoken_hook._PENDING, _Split(10, 0.001, 0.05, 0.0))
     held = fluidtoken_hook._stats["held"]
     extend_next = fluidtoken_hook.extend_next
     # FIFO: the small one behind does not jump the queue.

@@ -82,10 +82,9 @@ FORWARDED_TTL_S = 120.0
 _scheduler: dict[str, Any] = {"s": None}
 #: Set on a batch this module built, so the next iteration merges it.
 _MARK = "_fluidpd_extend"
-#: Set on a request whose prefix KV landed and whose suffix still has to run.
-_PREFIX = "_fluidpd_prefix"
-#: Set beside it: the request's ``_Split`` (for its extend's TPOT room).
-_SPLIT = "_fluidpd_split"
+#: Set on a request whose prefix KV landed and whose suffix still has to run: its ``_Split``
+#: (the prefix length and the extend's TPOT room both come from it).
+_PENDING = "_fluidpd_pending"
 #: Decode iterations whose period makes the room's iteration time.
 PERIODS_KEPT = 16
 
@@ -142,10 +141,10 @@ class Streams:
             streams.append((now - first, len(r.output_ids), limit))
         return stream_tpot_room(tpot, self.iteration_s(), streams)
 
-    def fits(self, split: _Split | None, now: float, running: list[Any]) -> bool:
+    def fits(self, split: _Split, now: float, running: list[Any]) -> bool:
         """Whether ``split``'s extend may run at ``now``, before the ``running`` requests'
         next decode step."""
-        if split is None or split.tpot <= 0.0 or not running:
+        if split.tpot <= 0.0 or not running:
             return True  # nothing to keep, or a caller that did not say: the budget bounds it
         return split.suffix_s <= self.room(now, split.tpot, running)
 
@@ -246,7 +245,7 @@ def snapshot_fields() -> dict[str, Any]:
     with _lock:
         pending = set(_splits)
     if s is not None:
-        pending.update(str(r.rid) for r in list(s.waiting_queue) if hasattr(r, _PREFIX))
+        pending.update(str(r.rid) for r in list(s.waiting_queue) if hasattr(r, _PENDING))
     blocked = 0
     q = getattr(s, "disagg_decode_prealloc_queue", None) if s is not None else None
     if q is not None:
@@ -281,12 +280,15 @@ class _Landed:
         return getattr(self.real, name)
 
 
+def _prefix_len(req: Any, split: _Split) -> int:
+    """Prompt tokens the prefill server computed: all but the stolen suffix."""
+    return max(0, len(req.origin_input_ids) - split.tokens)
+
+
 def _split_of(req: Any) -> int | None:
     with _lock:
         hit = _splits.get(str(req.rid))
-    if hit is None:
-        return None
-    return max(0, len(req.origin_input_ids) - hit.tokens)
+    return None if hit is None else _prefix_len(req, hit)
 
 
 def _patch_transfer_queue(cls: Any) -> None:
@@ -307,14 +309,12 @@ def _patch_transfer_queue(cls: Any) -> None:
 
     def commit(self: Any, decode_req: Any) -> Any:
         req = decode_req.req
-        p = _split_of(req)
-        if p is None:
-            return commit_original(self, decode_req)
         with _lock:
             split = _splits.pop(str(req.rid), None)
+        if split is None:
+            return commit_original(self, decode_req)
         # The prefill server's token came from position p - 1 of the prompt, not its end.
-        setattr(req, _PREFIX, p)
-        setattr(req, _SPLIT, split)
+        setattr(req, _PENDING, split)
         decode_req.kv_receiver.clear()
         decode_req.kv_receiver = None
         req.time_stats.set_wait_queue_entry_time()
@@ -333,10 +333,8 @@ def _extend_batch(s: Any, req: Any) -> Any:
     )
     from sglang.srt.observability.metrics_collector import QueueCount  # noqa: PLC0415
 
-    p = getattr(req, _PREFIX)
-    delattr(req, _PREFIX)
-    if hasattr(req, _SPLIT):
-        delattr(req, _SPLIT)
+    p = _prefix_len(req, getattr(req, _PENDING))
+    delattr(req, _PENDING)
     n = len(req.origin_input_ids)
     row = s.req_to_token_pool.req_to_token[req.req_pool_idx]
     # The suffix's pre-allocated slots go back; prepare_for_extend takes n - p again.
@@ -387,7 +385,7 @@ def _patch_next_batch(cls: Any) -> None:
                     running_batch = last
                 else:
                     running_batch.merge_batch(last)
-        fluid = [r for r in self.waiting_queue if hasattr(r, _PREFIX)]
+        fluid = [r for r in self.waiting_queue if hasattr(r, _PENDING)]
         if not fluid:
             return original(self, running_batch)
         running = [] if running_batch.is_empty() else list(running_batch.reqs)
@@ -410,7 +408,7 @@ def extend_next(fluid: list[Any], ran_extend: bool, running: list[Any], now: flo
     if ran_extend and running:
         return None
     req = fluid[0]
-    if not _streams.fits(getattr(req, _SPLIT, None), now, running):
+    if not _streams.fits(getattr(req, _PENDING), now, running):
         _stats["held"] += 1
         return None
     return req
@@ -419,7 +417,7 @@ def extend_next(fluid: list[Any], ran_extend: bool, running: list[Any], now: flo
 def _without(s: Any, running_batch: Any, fluid: list[Any], original: Any) -> Any:
     """SGLang's own batch selection, which must not take the requests whose suffix has not
     run (its prebuilt path would decode them as if their whole prompt had been computed)."""
-    s.waiting_queue = [r for r in s.waiting_queue if not hasattr(r, _PREFIX)]
+    s.waiting_queue = [r for r in s.waiting_queue if not hasattr(r, _PENDING)]
     try:
         return original(s, running_batch)
     finally:

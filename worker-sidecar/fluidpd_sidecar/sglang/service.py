@@ -89,6 +89,16 @@ async def _lines(content: aiohttp.StreamReader) -> AsyncIterator[str]:
         yield buf.decode(errors="replace")
 
 
+#: The decode hook's FluidToken counters (``fluidtoken_hook._stats``): Prometheus name, help.
+SUFFIX_COUNTERS = {
+    "extends": ("fluidpd_sglang_suffix_extends",
+                "Stolen suffixes the decode server's hook ran as extends"),
+    "extend_tokens": ("fluidpd_sglang_suffix_extend_tokens", "Their prompt tokens"),
+    "held": ("fluidpd_sglang_suffix_held_iterations",
+             "Decode iterations a waiting suffix was held for a running stream's TPOT room"),
+}  # fmt: skip
+
+
 class _StepGauges(Collector):
     """Step times from the hook (``/metrics``), read at scrape time."""
 
@@ -124,16 +134,10 @@ class _StepGauges(Collector):
             g = GaugeMetricFamily(name, doc, labels=["worker"])
             g.add_metric([worker], float(value))
             yield g
-        fluid = self.service.snapshot.get("fluid") or {}
-        for key, name, doc in (
-            ("extends", "fluidpd_sglang_suffix_extends",
-             "Stolen suffixes the decode server's hook ran as extends"),
-            ("extend_tokens", "fluidpd_sglang_suffix_extend_tokens", "Their prompt tokens"),
-            ("held", "fluidpd_sglang_suffix_held_iterations",
-             "Decode iterations a waiting suffix was held for a running stream's TPOT room"),
-        ):  # fmt: skip
+        counts = self.service.suffix_counts()
+        for key, (name, doc) in SUFFIX_COUNTERS.items():
             c = CounterMetricFamily(name, doc, labels=["worker"])
-            c.add_metric([worker], float(fluid.get(key, 0)))
+            c.add_metric([worker], float(counts[key]))
             yield c
 
 
@@ -363,7 +367,6 @@ class SglangService:
 
     def bootstrap_info(self) -> dict[str, Any]:
         cfg = self.server.cfg
-        fluid = self.snapshot.get("fluid") or {}
         return {
             # SGLang's live role (a FluidRole worker is launched as decode and flipped).
             "mode": self.snapshot.get("mode", cfg.mode),
@@ -379,9 +382,13 @@ class SglangService:
             "prefill_in_flight": self.planner.in_flight,
             "prefill_in_flight_max": self.planner.max_in_flight,
             "prefill_overlapped": self.planner.overlapped,
-            # The decode hook's suffix extends, their tokens, and iterations held for room.
-            "suffix": {k: fluid.get(k, 0) for k in ("extends", "extend_tokens", "held")},
+            "suffix": self.suffix_counts(),
         }
+
+    def suffix_counts(self) -> dict[str, int]:
+        """The decode hook's counters (``SUFFIX_COUNTERS``), as its last snapshot says."""
+        fluid = self.snapshot.get("fluid") or {}
+        return {key: int(fluid.get(key, 0)) for key in SUFFIX_COUNTERS}
 
     # -- request halves -----------------------------------------------------------------------
     def _check(self, half: RequestHalf, role: Role) -> None:
