@@ -13,12 +13,15 @@ cache flushed first and the same prompts:
   stolen (beta 1: the prefill server forgets the room, the decode server runs the prompt as one
   extend), one every ``--steal-gap`` seconds.
 
-Arms ``alone`` (streams only: their TPOT without stealing), then ``room`` / ``no_room``
-alternating ``--repeats`` times. The TPOT target is ``--tpot-factor`` x the median TPOT of the
-``alone`` streams (or ``--tpot``); a stolen split's predicted seconds is its extend measured
-alone (TTFT of one stolen request with nothing running, the second of two). Per arm: each
-stream's TPOT (mean gap between its first and last token) against the target, its largest gap,
-the stolen requests' TTFT, and the hook's extends and held iterations.
+Arms ``alone`` (streams only: their TPOT without stealing), then for each TPOT target
+``room`` / ``no_room`` alternating ``--repeats`` times; last, ``room_under``: the room with every
+prediction ``--under`` x the truth (a profile of a faster GPU), which the hook's extend stretch
+must learn. The TPOT targets are ``--tpot-factor`` (a list) x the median TPOT of the ``alone``
+streams; a stolen split's predicted seconds is its extend measured alone (TTFT of one stolen
+request with nothing running, the second of two). Per arm: the TPOT (mean gap between a
+request's first and last token) of the background streams and of the stolen requests against
+the target, the largest gap, the stolen requests' TTFT, and the hook's extends, held
+iterations and extend seconds (measured, predicted).
 
 Writes OUT/sglang_room.json after every arm.
 
@@ -188,9 +191,11 @@ async def arm(
         "streams": summarize(streams, target or 0.0),
         "stolen": {**summarize(steals, target or 0.0),
                    "ttft_s": [round(x, 4) for x in map(ttft, steals) if x is not None]},
-        "hook": {k: after.get(k, 0) - before.get(k, 0) for k in ("extends", "extend_tokens",
-                                                                 "held")},
+        "hook": {k: after.get(k, 0) - before.get(k, 0) for k in HOOK_COUNTERS},
     }  # fmt: skip
+
+
+HOOK_COUNTERS = ("extends", "extend_tokens", "held", "extend_seconds", "extend_predicted_seconds")
 
 
 def summarize(runs: list[dict[str, Any]], target: float) -> dict[str, Any]:
@@ -242,24 +247,31 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             suffix_s = float(calib[-1] or 0.0)
             rep["suffix_s"] = {"measured": calib, "used": suffix_s}
             alone = await arm(c, pair, args, prompts, 1000, suffix_s, None)
-            target = args.tpot or args.tpot_factor * float(alone["streams"]["tpot_median_s"])
-            rep.update(target_s=target, alone=alone)
-            print(f"extend {suffix_s:.4f} s alone; target TPOT {target * 1e3:.2f} ms", flush=True)
+            alone_tpot = float(alone["streams"]["tpot_median_s"])
+            targets = [float(f) * alone_tpot for f in args.tpot_factor.split(",")]
+            rep.update(targets_s=targets, alone=alone)
+            print(f"extend {suffix_s:.4f} s alone; streams alone {alone_tpot * 1e3:.2f} ms",
+                  flush=True)  # fmt: skip
             write_json(out / "sglang_room.json", rep)
-            for r in range(args.repeats):
-                for name, t in (("room", target), ("no_room", 0.0)):
-                    res = await arm(c, pair, args, prompts, 2000 + 1000 * len(rep["arms"]),
-                                    suffix_s, t)  # fmt: skip
-                    # no_room registers tpot 0, but its streams are held to the same target.
-                    res["streams"]["tpot_met"] = sum(x <= target for x in res["streams"]["tpot_s"])
-                    rep["arms"].append({"arm": name, "repeat": r, **res})
-                    s, h = res["streams"], res["hook"]
-                    print(f"{name} #{r}: streams TPOT met {s['tpot_met']}/{s['n']}, median "
-                          f"{s['tpot_median_s'] * 1e3:.2f} ms, worst gap "
-                          f"{s['largest_gap_max_s'] * 1e3:.0f} ms; stolen TTFT median "
-                          f"{median(res['stolen']['ttft_s']):.3f} s; extends {h['extends']}, "
-                          f"held {h['held']}", flush=True)  # fmt: skip
-                    write_json(out / "sglang_room.json", rep)
+            plan = [(name, target, scale, r) for target in targets for r in range(args.repeats)
+                    for name, scale in (("room", 1.0), ("no_room", 0.0))]  # fmt: skip
+            # Last: what the hook learns of extends slower than predicted stays with it.
+            plan.append(("room_under", targets[-1], args.under, 0))
+            for name, target, scale, r in plan:
+                res = await arm(c, pair, args, prompts, 2000 + 1000 * len(rep["arms"]),
+                                suffix_s * max(scale, 0.0), target if scale else 0.0)  # fmt: skip
+                # no_room registers tpot 0, but its requests are held to the same target.
+                for side in ("streams", "stolen"):
+                    res[side]["tpot_met"] = sum(x <= target for x in res[side]["tpot_s"])
+                rep["arms"].append({"arm": name, "target_s": target, "repeat": r, **res})
+                s, st, h = res["streams"], res["stolen"], res["hook"]
+                print(f"{name} #{r} at {target * 1e3:.1f} ms: TPOT met streams "
+                      f"{s['tpot_met']}/{s['n']} stolen {st['tpot_met']}/{st['n']}, medians "
+                      f"{s['tpot_median_s'] * 1e3:.2f} / {st['tpot_median_s'] * 1e3:.2f} ms; "
+                      f"stolen TTFT median {median(st['ttft_s']):.3f} s; extends "
+                      f"{h['extends']}, held {h['held']}, extend s {h['extend_seconds']:.2f} "
+                      f"(predicted {h['extend_predicted_seconds']:.2f})", flush=True)  # fmt: skip
+                write_json(out / "sglang_room.json", rep)
     except Exception as exc:
         rep["error"] = repr(exc)
         print("error:", repr(exc), flush=True)
@@ -285,8 +297,10 @@ def main() -> int:
     p.add_argument("--steal-len", type=int, default=6000)
     p.add_argument("--steal-gap", type=float, default=0.15)
     p.add_argument("--steal-new", type=int, default=32)
-    p.add_argument("--tpot", type=float, default=0.0, help="TPOT target (s); 0: from --tpot-factor")
-    p.add_argument("--tpot-factor", type=float, default=2.0)
+    p.add_argument("--tpot-factor", default="2.0,1.5",
+                   help="TPOT targets, as multiples of the streams' TPOT alone")  # fmt: skip
+    p.add_argument("--under", type=float, default=0.5,
+                   help="room_under: predictions as this x the extend measured")  # fmt: skip
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--request-timeout", type=float, default=300.0)
     args = p.parse_args()

@@ -97,6 +97,32 @@ def test_streams_that_cannot_be_kept_or_are_leaving_hold_nothing_back() -> None:
     assert streams.fits(big, now, [])
 
 
+def test_extends_slower_than_predicted_stretch_every_later_prediction(clean_hook: None) -> None:
+    # A 4-token stream with 52 ms of room (as above); the decode sidecar predicts 50 ms.
+    streams = _streams(0.026, 0.026, 0.026)
+    now = 200.0
+    short = _req("a", now - 0.020, 1, 4)
+    split = _Split(100, 0.050, 0.05, 0.0)
+    assert streams.fits(split, now, [short])
+    seconds = fluidtoken_hook._stats["extend_seconds"]
+    # An extend the sidecar predicted at 40 ms ran 80 ms (a profile of a faster GPU): the
+    # next 50 ms prediction is read as 100 ms, past the room.
+    t = streams.last_call
+    assert t is not None
+    streams.observe(t + 0.080, decoded=False, extended=_Split(100, 0.040, 0.05, 0.0))
+    assert streams.extend_error.stretch == pytest.approx(2.0)
+    assert not streams.fits(split, now, [short])
+    assert fluidtoken_hook._stats["extend_seconds"] == pytest.approx(seconds + 0.080)
+    # An extend is not a decode iteration: the period the room uses is unchanged.
+    assert streams.iteration_s() == pytest.approx(0.026)
+    # Extends faster than predicted never shrink a prediction below itself.
+    fast = _streams(0.026)
+    t = fast.last_call
+    assert t is not None
+    fast.observe(t + 0.010, decoded=False, extended=_Split(100, 0.040, 0.05, 0.0))
+    assert fast.extend_error.stretch == 1.0
+
+
 @pytest.fixture
 def clean_hook() -> Iterator[None]:
     saved = (fluidtoken_hook._streams, dict(fluidtoken_hook._stats))

@@ -177,7 +177,7 @@ def _forced(up: Up, beta: float) -> Iterator[None]:
         put(None)
 
 
-def _suffix(up: Up) -> dict[str, int]:
+def _suffix(up: Up) -> dict[str, float]:
     """The decode server's hook: stolen suffixes run as extends, their tokens, and iterations
     one waited for a running stream's TPOT room."""
     return dict(up.get(DECODE, "/v1/internal/sglang").json()["suffix"])
@@ -405,6 +405,10 @@ def test_forced_split_greedy_text_equals_plain_sglang(up: Up, beta: float) -> No
     while {k: _suffix(up)[k] for k in want} != want and time.monotonic() < deadline:
         time.sleep(0.2)  # the sidecar reads the hook every few hundred ms
     assert {k: _suffix(up)[k] for k in want} == want, (_suffix(up), want)
+    # The scheduler timed them, beside the decode sidecar's predictions.
+    if runs:
+        for key in ("extend_seconds", "extend_predicted_seconds"):
+            assert _suffix(up)[key] > extends[key], (key, _suffix(up), extends)
     metrics = up.get(DECODE, "/metrics").text
     assert f'fluidpd_sglang_suffix_extends_total{{worker="{DECODE}"}} {float(want["extends"])}' in (
         metrics

@@ -54,7 +54,7 @@ from statistics import median
 from typing import Any
 
 # The pure core (numpy only) runs here too: ``server.core_path`` puts it on SGLang's path.
-from fluidpd.core.fluidtoken import stream_tpot_room
+from fluidpd.core.fluidtoken import IterationError, stream_tpot_room
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,14 +73,22 @@ _forget: dict[int, float] = {}
 _lock = threading.Lock()
 #: A registration nobody used (the request never came, or was aborted first) expires.
 SPLIT_TTL_S = 900.0
-_stats: dict[str, Any] = {"extends": 0, "extend_tokens": 0, "forwarded": 0, "held": 0}
+_stats: dict[str, Any] = {
+    "extends": 0,
+    "extend_tokens": 0,
+    "forwarded": 0,
+    "held": 0,
+    "extend_seconds": 0.0,
+    "extend_predicted_seconds": 0.0,
+}
 #: Prefill side: rids whose forward is done (KV being sent), rid -> when; taken by a waiter.
 _forwarded: dict[str, float] = {}
 _forwarded_cv = threading.Condition()
 #: A forwarded rid nobody asked about (no FluidToken planner, or its answer came first).
 FORWARDED_TTL_S = 120.0
 _scheduler: dict[str, Any] = {"s": None}
-#: Set on a batch this module built, so the next iteration merges it.
+#: Set on a batch this module built (its ``_Split``), so the next iteration merges it and
+#: times it.
 _MARK = "_fluidpd_extend"
 #: Set on a request whose prefix KV landed and whose suffix still has to run: its ``_Split``
 #: (the prefix length and the extend's TPOT room both come from it).
@@ -117,12 +125,22 @@ class Streams:
     def __init__(self) -> None:
         self.periods: deque[float] = deque(maxlen=PERIODS_KEPT)
         self.last_call: float | None = None
+        #: The extends' measured seconds against the decode sidecar's prediction: a profile
+        #: of another GPU, or an engine slower than it, mispredicts every extend alike.
+        self.extend_error = IterationError()
 
-    def observe(self, now: float, decoded: bool) -> None:
+    def observe(self, now: float, decoded: bool, extended: _Split | None = None) -> None:
         """The batch selection is called at ``now`` (``time.perf_counter``); ``decoded``: the
-        iteration since the last call was a decode step of the running batch."""
-        if decoded and self.last_call is not None:
-            self.periods.append(now - self.last_call)
+        iteration since the last call was a decode step of the running batch; ``extended``:
+        it was the extend of that split."""
+        if self.last_call is not None:
+            if decoded:
+                self.periods.append(now - self.last_call)
+            elif extended is not None:
+                took = now - self.last_call
+                self.extend_error.add(extended.suffix_s, took)
+                _stats["extend_seconds"] += took
+                _stats["extend_predicted_seconds"] += extended.suffix_s
         self.last_call = now
 
     def iteration_s(self) -> float:
@@ -143,10 +161,12 @@ class Streams:
 
     def fits(self, split: _Split, now: float, running: list[Any]) -> bool:
         """Whether ``split``'s extend may run at ``now``, before the ``running`` requests'
-        next decode step."""
+        next decode step: its predicted seconds, stretched by how much longer than predicted
+        this server's extends ran (``IterationError``, never below 1), within the room."""
         if split.tpot <= 0.0 or not running:
             return True  # nothing to keep, or a caller that did not say: the budget bounds it
-        return split.suffix_s <= self.room(now, split.tpot, running)
+        expected = split.suffix_s * self.extend_error.stretch
+        return expected <= self.room(now, split.tpot, running)
 
 
 def _first_token_time(req: Any) -> float:
@@ -333,7 +353,8 @@ def _extend_batch(s: Any, req: Any) -> Any:
     )
     from sglang.srt.observability.metrics_collector import QueueCount  # noqa: PLC0415
 
-    p = _prefix_len(req, getattr(req, _PENDING))
+    split = getattr(req, _PENDING)
+    p = _prefix_len(req, split)
     delattr(req, _PENDING)
     n = len(req.origin_input_ids)
     row = s.req_to_token_pool.req_to_token[req.req_pool_idx]
@@ -359,7 +380,7 @@ def _extend_batch(s: Any, req: Any) -> Any:
         num_running_reqs=QueueCount.from_reqs(s.running_batch.reqs),
         num_new_seqs=1,
     )
-    setattr(batch, _MARK, True)
+    setattr(batch, _MARK, split)
     _stats["extends"] += 1
     _stats["extend_tokens"] += n - p
     return batch
@@ -372,13 +393,15 @@ def _patch_next_batch(cls: Any) -> None:
 
     def next_batch(self: Any, running_batch: Any) -> Any:
         last = self.last_batch
-        ran_extend = last is not None and getattr(last, _MARK, False)
+        extended = None if last is None else getattr(last, _MARK, None)
+        ran_extend = extended is not None
         now = time.perf_counter()
-        _streams.observe(now, last is not None and not ran_extend and last.forward_mode.is_decode())
+        decoded = last is not None and not ran_extend and last.forward_mode.is_decode()
+        _streams.observe(now, decoded, extended)
         if ran_extend:
             # As SGLang's normal scheduler does after a prefill: the extended request joins
             # the running decode batch (finished ones are filtered out first).
-            setattr(last, _MARK, False)
+            setattr(last, _MARK, None)
             last.filter_batch()
             if not last.is_empty():
                 if running_batch.is_empty():

@@ -96,6 +96,10 @@ SUFFIX_COUNTERS = {
     "extend_tokens": ("fluidpd_sglang_suffix_extend_tokens", "Their prompt tokens"),
     "held": ("fluidpd_sglang_suffix_held_iterations",
              "Decode iterations a waiting suffix was held for a running stream's TPOT room"),
+    "extend_seconds": ("fluidpd_sglang_suffix_extend_seconds",
+                       "Seconds the extends ran, measured in the scheduler"),
+    "extend_predicted_seconds": ("fluidpd_sglang_suffix_extend_predicted_seconds",
+                                 "Seconds the decode sidecar predicted for them"),
 }  # fmt: skip
 
 
@@ -385,10 +389,10 @@ class SglangService:
             "suffix": self.suffix_counts(),
         }
 
-    def suffix_counts(self) -> dict[str, int]:
+    def suffix_counts(self) -> dict[str, float]:
         """The decode hook's counters (``SUFFIX_COUNTERS``), as its last snapshot says."""
         fluid = self.snapshot.get("fluid") or {}
-        return {key: int(fluid.get(key, 0)) for key in SUFFIX_COUNTERS}
+        return {key: float(fluid.get(key, 0)) for key in SUFFIX_COUNTERS}
 
     # -- request halves -----------------------------------------------------------------------
     def _check(self, half: RequestHalf, role: Role) -> None:
