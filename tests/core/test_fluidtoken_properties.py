@@ -803,6 +803,30 @@ def test_a_suffix_within_the_stream_room_keeps_every_stream_within_tpot(
     assert max(over(room + 1e-3, *s) for s in savable) > 0
 
 
+@given(
+    st.lists(_STREAM, min_size=1, max_size=8),
+    st.floats(0.005, 0.04),
+    st.floats(0.5, 1.0),
+    st.floats(0.02, 0.2),
+)
+def test_streams_the_fastest_iterations_could_save_are_kept_with_no_room_left(
+    streams: list[tuple[float, int, int]], t: float, fast: float, slo: float
+) -> None:
+    """With the fastest iteration seen, a stream is given up only if it misses even at that
+    pace; one that misses only at the typical pace leaves no room (any suffix waits), and
+    the room of every other stream is as without it."""
+    fastest = fast * t
+    room = stream_tpot_room(slo, t, streams, fastest_s=fastest)
+
+    def left(pace: float, elapsed: float, out: int, n: int) -> float:
+        return slo * (n - 1) - elapsed - max(1, n - out) * pace
+
+    kept = [s for s in streams if left(fastest, *s) >= 0]
+    assert room == min((max(0.0, left(t, *s)) for s in kept), default=math.inf)
+    assert room <= stream_tpot_room(slo, t, streams)
+    assert stream_tpot_room(slo, t, streams, fastest_s=t) == stream_tpot_room(slo, t, streams)
+
+
 def test_streams_without_a_tpot_leave_unbounded_room() -> None:
     assert stream_tpot_room(0.05, 0.02, []) == math.inf
     assert stream_tpot_room(0.05, 0.02, [(10.0, 1, 1)]) == math.inf

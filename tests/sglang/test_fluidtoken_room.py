@@ -11,6 +11,7 @@ own interpreter finds the core the hook imports."""
 from __future__ import annotations
 
 import asyncio
+import math
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -55,16 +56,37 @@ def _streams(*periods: float) -> Streams:
     return streams
 
 
-def test_the_iteration_is_the_median_period_of_decode_steps_only() -> None:
+def test_the_iteration_is_the_mean_time_per_decode_step_with_extends_and_idle_left_out() -> None:
     streams = Streams()
     streams.observe(0.0, decoded=False)
     streams.observe(0.020, decoded=True)
-    streams.observe(0.520, decoded=False)  # an extend of 0.5 s: not a decode iteration
+    streams.observe(0.520, decoded=False, extended=_Split(100, 0.5, 0.05, 0.0))  # an extend
     streams.observe(0.550, decoded=True)
-    streams.observe(0.575, decoded=True)
-    streams.observe(0.975, decoded=True)  # one slow step (a transfer landing)
-    assert streams.iteration_s() == pytest.approx(0.0275)  # median of 20, 30, 25, 400 ms
+    streams.observe(0.560, decoded=False)  # SGLang's step for arriving requests: time, no token
+    streams.observe(0.585, decoded=True)
+    streams.observe(0.985, decoded=True)  # one slow step (a transfer landing)
+    streams.observe(1.500, decoded=False, idle=True)  # nothing ran: nobody waited
+    # (20 + 30 + 10 + 25 + 400) ms over four decode steps; the fastest step 20 ms.
+    assert streams.iteration_s() == pytest.approx(0.12125)
+    assert streams.fastest_s() == pytest.approx(0.020)
     assert Streams().iteration_s() == 0.0
+
+
+def test_a_stream_at_the_edge_is_kept_while_the_fastest_steps_could_still_save_it() -> None:
+    # A 4-token stream, 1 token out 75 ms ago, at a 50 ms TPOT: 75 ms of its 150 ms budget are
+    # left for 3 steps. Steps of 26 ms (mean) need 78: it reads 3 ms past its room. It is
+    # given up only if even the fastest step seen (22 ms, 66 in all) could not save it.
+    streams = _streams(0.022, 0.030, 0.026)
+    now = 200.0
+    edge = _req("a", now - 0.075, 1, 4)
+    assert streams.iteration_s() == pytest.approx(0.026)
+    assert streams.room(now, 0.05, [edge]) == 0.0
+    assert not streams.fits(_Split(100, 0.001, 0.05, 0.0), now, [edge])
+    # Without the fastest step (the core's default), the stream is lost and holds nothing.
+    assert stream_tpot_room(0.05, 0.026, [(0.075, 1, 4)]) == math.inf
+    # Past even the fastest pace: given up.
+    lost = _req("b", now - 0.090, 1, 4)
+    assert streams.fits(_Split(100, 10.0, 0.05, 0.0), now, [lost])
 
 
 def test_a_suffix_runs_only_within_a_short_streams_tpot_room() -> None:

@@ -50,7 +50,6 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from statistics import median
 from typing import Any
 
 # The pure core (numpy only) runs here too: ``server.core_path`` puts it on SGLang's path.
@@ -93,8 +92,8 @@ _MARK = "_fluidpd_extend"
 #: Set on a request whose prefix KV landed and whose suffix still has to run: its ``_Split``
 #: (the prefix length and the extend's TPOT room both come from it).
 _PENDING = "_fluidpd_pending"
-#: Decode iterations whose period makes the room's iteration time.
-PERIODS_KEPT = 16
+#: Busy iterations (extends aside) whose periods make the room's iteration time.
+PERIODS_KEPT = 32
 
 
 class SplitRefused(ValueError):
@@ -117,26 +116,30 @@ def register(rid: str, suffix: int, suffix_s: float = 0.0, tpot: float = 0.0) ->
 
 class Streams:
     """What the TPOT room needs of SGLang's running decode streams: each one's first-token
-    time and tokens out (SGLang's own request state), and the decode iteration's period,
-    measured here between two calls of the batch selection with a decode step between them
-    (SGLang's loop without the overlap scheduler, which FluidToken's extend needs: receive,
-    run, process; what a stream waits between two of its tokens)."""
+    time and tokens out (SGLang's own request state), and the decode iterations' periods,
+    measured here between two calls of the batch selection (SGLang's loop without the
+    overlap scheduler, which FluidToken's extend needs: receive, run, process; what a stream
+    waits between two of its tokens)."""
 
     def __init__(self) -> None:
-        self.periods: deque[float] = deque(maxlen=PERIODS_KEPT)
+        #: (seconds, whether a decode step ran) of the last busy iterations that were not
+        #: extends: decode steps and SGLang's own steps for arriving requests.
+        self.periods: deque[tuple[float, bool]] = deque(maxlen=PERIODS_KEPT)
         self.last_call: float | None = None
         #: The extends' measured seconds against the decode sidecar's prediction: a profile
         #: of another GPU, or an engine slower than it, mispredicts every extend alike.
         self.extend_error = IterationError()
 
-    def observe(self, now: float, decoded: bool, extended: _Split | None = None) -> None:
+    def observe(
+        self, now: float, decoded: bool, extended: _Split | None = None, idle: bool = False
+    ) -> None:
         """The batch selection is called at ``now`` (``time.perf_counter``); ``decoded``: the
         iteration since the last call was a decode step of the running batch; ``extended``:
-        it was the extend of that split."""
-        if self.last_call is not None:
-            if decoded:
-                self.periods.append(now - self.last_call)
-            elif extended is not None:
+        it was the extend of that split; ``idle``: no batch ran."""
+        if self.last_call is not None and not idle:
+            if extended is None:
+                self.periods.append((now - self.last_call, decoded))
+            else:
                 took = now - self.last_call
                 self.extend_error.add(extended.suffix_s, took)
                 _stats["extend_seconds"] += took
@@ -144,8 +147,18 @@ class Streams:
         self.last_call = now
 
     def iteration_s(self) -> float:
-        # The median: one slow iteration (a transfer landing, a collection) is not the next.
-        return median(self.periods) if self.periods else 0.0
+        """What a running stream waits per token, extends aside: the busy iterations' seconds
+        over the decode steps among them. The mean, not the median: a stream's TPOT is a
+        mean, so the room must budget the slow iterations (a transfer landing, SGLang's step
+        for arriving requests) the median leaves out; with the median, streams held at the
+        edge of their room drifted past it."""
+        steps = sum(1 for _, decoded in self.periods if decoded)
+        return sum(sec for sec, _ in self.periods) / steps if steps else 0.0
+
+    def fastest_s(self) -> float:
+        """The fastest decode step seen lately: a stream that misses TPOT even at that pace
+        is given up (``stream_tpot_room``'s ``fastest_s``)."""
+        return min((sec for sec, decoded in self.periods if decoded), default=0.0)
 
     def room(self, now: float, tpot: float, running: list[Any]) -> float:
         """``stream_tpot_room`` of the ``running`` requests at ``now``: the most seconds an
@@ -157,7 +170,7 @@ class Streams:
                 continue  # not streaming yet, or leaving the batch: no TPOT to keep
             limit = int(getattr(r.sampling_params, "max_new_tokens", 0) or 0)
             streams.append((now - first, len(r.output_ids), limit))
-        return stream_tpot_room(tpot, self.iteration_s(), streams)
+        return stream_tpot_room(tpot, self.iteration_s(), streams, fastest_s=self.fastest_s())
 
     def fits(self, split: _Split, now: float, running: list[Any]) -> bool:
         """Whether ``split``'s extend may run at ``now``, before the ``running`` requests'
@@ -397,7 +410,7 @@ def _patch_next_batch(cls: Any) -> None:
         ran_extend = extended is not None
         now = time.perf_counter()
         decoded = last is not None and not ran_extend and last.forward_mode.is_decode()
-        _streams.observe(now, decoded, extended)
+        _streams.observe(now, decoded, extended, idle=last is None)
         if ran_extend:
             # As SGLang's normal scheduler does after a prefill: the extended request joins
             # the running decode batch (finished ones are filtered out first).
