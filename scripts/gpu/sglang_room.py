@@ -50,7 +50,7 @@ import httpx
 from fluidpd_sidecar.sglang.server import SglangServer, free_ports
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sglang_split import config
+from sglang_split import add_pair_args, config
 from sglang_stack import (
     add_stack_args,
     model_dir,
@@ -285,11 +285,9 @@ def main() -> int:
     term_as_interrupt()
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     add_stack_args(p, work="/tmp/sglang-model", start_timeout=300.0)
-    p.add_argument("--mem-p", type=float, default=0.25)
-    p.add_argument("--mem-d", type=float, default=0.5)
-    p.add_argument("--max-total-tokens", type=int, default=None)
-    p.add_argument("--context-length", type=int, default=None)
-    p.add_argument("--sglang-arg", action="append", default=[])
+    # Both at 0.8 with a --max-total-tokens cap (sglang_stack.py): a small fraction fails when
+    # the other server's weights are loaded first.
+    add_pair_args(p, mem_p=0.8, mem_d=0.8)
     p.add_argument("--streams", type=int, default=24)
     p.add_argument("--stream-prompt", type=int, default=128)
     p.add_argument("--stream-new", type=int, default=400)

@@ -15,7 +15,7 @@ mkdir -p "$OUT"
 # page size 1 is what the suffix extend needs (fluidtoken_hook.py).
 timeout 540 python3 scripts/gpu/sglang_room.py --out "$OUT" --python "$(command -v python3)" \
   --context-length 16384 --sglang-arg=--disable-piecewise-cuda-graph --sglang-arg=--page-size=1 \
-  --start-timeout 300 --request-timeout 120 --mem-p 0.8 --mem-d 0.8 --max-total-tokens 120000 \
+  --start-timeout 300 --request-timeout 120 --max-total-tokens 120000 \
   "$@" 2>&1 | tee "$OUT/sglang_room.out"
 echo "room rc=${PIPESTATUS[0]}" | tee -a "$OUT/install.txt"
 echo DONE | tee "$OUT/DONE"

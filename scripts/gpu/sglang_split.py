@@ -60,6 +60,15 @@ def write(out: Path, rep: dict[str, Any]) -> None:
     write_json(out / "sglang_split.json", rep)
 
 
+def add_pair_args(p: argparse.ArgumentParser, *, mem_p: float, mem_d: float) -> None:
+    """The flags ``config`` reads beside ``add_stack_args``'s, with a script's memory split."""
+    p.add_argument("--mem-p", type=float, default=mem_p)
+    p.add_argument("--mem-d", type=float, default=mem_d)
+    p.add_argument("--max-total-tokens", type=int, default=None)
+    p.add_argument("--context-length", type=int, default=None)
+    p.add_argument("--sglang-arg", action="append", default=[])
+
+
 def config(args: argparse.Namespace, model: Path, out: Path, name: str, **kw: Any) -> SglangConfig:
     port, hook = free_ports(2)
     mem = kw.pop("mem")
@@ -238,12 +247,8 @@ def main() -> int:
     term_as_interrupt()
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     add_stack_args(p, work="/tmp/sglang-model", start_timeout=300.0)
-    p.add_argument("--mem-p", type=float, default=0.3)
-    p.add_argument("--mem-d", type=float, default=0.6)
+    add_pair_args(p, mem_p=0.3, mem_d=0.6)
     p.add_argument("--mem-plain", type=float, default=0.8)
-    p.add_argument("--max-total-tokens", type=int, default=None)
-    p.add_argument("--context-length", type=int, default=None)
-    p.add_argument("--sglang-arg", action="append", default=[])
     p.add_argument("--lengths", default="37,300,1000")
     p.add_argument("--new", type=int, default=32)
     p.add_argument("--request-timeout", type=float, default=300.0)
