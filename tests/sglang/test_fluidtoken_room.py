@@ -145,6 +145,22 @@ def test_extends_slower_than_predicted_stretch_every_later_prediction(clean_hook
     assert fast.extend_error.stretch == 1.0
 
 
+def test_steps_slowed_by_stolen_suffixes_do_not_give_a_stream_up() -> None:
+    # 100 steps of 8.5 ms, then 40 of 12.5 ms while two 12,000-token suffixes decode (their
+    # contexts slow every step): the iteration reads 12.5 ms, the fastest step 8.5 ms.
+    streams = _streams(*([0.0085] * 100 + [0.0125] * 40))
+    assert streams.iteration_s() == pytest.approx(0.0125)
+    assert streams.fastest_s() == pytest.approx(0.0085)
+    # A 400-token stream at a 12 ms target, 100 tokens out 1.5 s after its first: 3.29 s of
+    # its 4.79 s budget left for 300 steps; 3.75 s at 12.5 ms, 2.55 s at 8.5 ms. It misses at
+    # the slowed pace, but not once the suffixes' streams have left: it is kept, and the next
+    # suffix waits.
+    now = 500.0
+    edge = _req("a", now - 1.5, 100, 400)
+    assert streams.room(now, 0.012, [edge]) == 0.0
+    assert not streams.fits(_Split(12000, 0.45, 0.012, 0.0), now, [edge])
+
+
 @pytest.fixture
 def clean_hook() -> Iterator[None]:
     saved = (fluidtoken_hook._streams, dict(fluidtoken_hook._stats))
