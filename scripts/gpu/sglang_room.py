@@ -50,7 +50,7 @@ import httpx
 from fluidpd_sidecar.sglang.server import SglangServer, free_ports
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sglang_split import add_pair_args, config
+from sglang_split import add_pair_args, bootstrap, config, split
 from sglang_stack import (
     add_stack_args,
     model_dir,
@@ -64,20 +64,10 @@ from sglang_stack import (
 
 @dataclasses.dataclass
 class Pair:
-    """The two servers and where their hooks listen."""
+    """The prefill and the decode server."""
 
     p: SglangServer
     d: SglangServer
-
-    def hook(self, server: SglangServer) -> str:
-        return f"http://127.0.0.1:{server.cfg.hook_port}"
-
-    def boot(self, room: int) -> dict[str, Any]:
-        return {
-            "bootstrap_host": "127.0.0.1",
-            "bootstrap_port": self.p.cfg.bootstrap_port,
-            "bootstrap_room": room,
-        }
 
 
 async def stream(
@@ -121,9 +111,13 @@ def ttft(run: dict[str, Any]) -> float | None:
     return run["chunks"][0][0] - run["sent"] if run["chunks"] else None
 
 
+async def decode_snapshot(c: httpx.AsyncClient, pair: Pair) -> dict[str, Any]:
+    """The decode server's hook snapshot (its queues, batch and FluidToken counters)."""
+    return dict((await c.get(f"http://127.0.0.1:{pair.d.cfg.hook_port}/")).json())
+
+
 async def hook_stats(c: httpx.AsyncClient, pair: Pair) -> dict[str, Any]:
-    snap = (await c.get(f"{pair.hook(pair.d)}/")).json()
-    return dict(snap.get("fluid") or {})
+    return dict((await decode_snapshot(c, pair)).get("fluid") or {})
 
 
 async def stolen(
@@ -132,17 +126,15 @@ async def stolen(
 ) -> dict[str, Any]:  # fmt: skip
     """One request whose whole prompt is stolen: registered with the decode hook (``target``
     0: no TPOT room), forgotten by the prefill side, extended by the decode server."""
-    split = {"rid": str(room), "suffix": len(ids), "suffix_s": suffix_s, "tpot": target}
-    (await c.post(f"{pair.hook(pair.d)}/split", json=split)).raise_for_status()
-    (await c.post(f"{pair.hook(pair.p)}/forget", json={"room": room})).raise_for_status()
-    return await stream(c, pair.d.cfg.url, ids, new, {"rid": str(room), **pair.boot(room)})
+    boot = await split(c, pair.p, pair.d, room, ids, 0, suffix_s, target)
+    return await stream(c, pair.d.cfg.url, ids, new, {"rid": str(room), **boot})
 
 
 async def background(
     c: httpx.AsyncClient, pair: Pair, room: int, ids: list[int], new: int
 ) -> dict[str, Any]:
     """One request through ordinary P/D: prefill server, KV transfer, decode server."""
-    boot = pair.boot(room)
+    boot = bootstrap(pair.p, room)
     got, _ = await asyncio.gather(
         stream(c, pair.d.cfg.url, ids, new, {"rid": str(room), **boot}),
         stream(c, pair.p.cfg.url, ids, 1, {"rid": f"{room}-p", **boot}),
@@ -173,7 +165,7 @@ async def arm(
         # The stolen requests come once every stream is running (its first token is out).
         while True:
             await asyncio.sleep(0.01)
-            snap = (await c.get(f"{pair.hook(pair.d)}/")).json()
+            snap = await decode_snapshot(c, pair)
             if int(snap.get("decode_batch", 0)) >= len(bg) or all(t.done() for t in bg):
                 break
             if time.perf_counter() - t0 > args.request_timeout:

@@ -116,22 +116,37 @@ def divergence(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+def bootstrap(p: SglangServer, room: int) -> dict[str, Any]:
+    """The body fields that pair a request's two halves under one bootstrap ``room``."""
+    return {
+        "bootstrap_host": "127.0.0.1",
+        "bootstrap_port": p.cfg.bootstrap_port,
+        "bootstrap_room": room,
+    }
+
+
+async def split(
+    c: httpx.AsyncClient, p: SglangServer, d: SglangServer, rid: int, ids: list[int], pre: int,
+    suffix_s: float = 0.0, tpot: float = 0.0,
+) -> dict[str, Any]:  # fmt: skip
+    """Tell the hooks how ``rid``'s prompt is split at ``pre`` (the decode hook the suffix,
+    with its predicted extend seconds and TPOT target; the prefill hook to forget a room it
+    will never see, at ``pre`` 0); the bootstrap fields of its two halves."""
+    if pre < len(ids):
+        body = {"rid": str(rid), "suffix": len(ids) - pre, "suffix_s": suffix_s, "tpot": tpot}
+        r = await c.post(f"http://127.0.0.1:{d.cfg.hook_port}/split", json=body)
+        r.raise_for_status()
+    if pre == 0:
+        r = await c.post(f"http://127.0.0.1:{p.cfg.hook_port}/forget", json={"room": rid})
+        r.raise_for_status()
+    return bootstrap(p, rid)
+
+
 async def run_split(
     c: httpx.AsyncClient, p: SglangServer, d: SglangServer, rid: int, ids: list[int], pre: int,
     new: int,
 ) -> dict[str, Any]:  # fmt: skip
-    hook_d = f"http://127.0.0.1:{d.cfg.hook_port}"
-    hook_p = f"http://127.0.0.1:{p.cfg.hook_port}"
-    boot = {
-        "bootstrap_host": "127.0.0.1",
-        "bootstrap_port": p.cfg.bootstrap_port,
-        "bootstrap_room": rid,
-    }
-    if pre < len(ids):
-        r = await c.post(f"{hook_d}/split", json={"rid": str(rid), "suffix": len(ids) - pre})
-        r.raise_for_status()
-    if pre == 0:
-        (await c.post(f"{hook_p}/forget", json={"room": rid})).raise_for_status()
+    boot = await split(c, p, d, rid, ids, pre)
     t0 = time.perf_counter()
     jobs = [generate(c, d.cfg.url, ids, new, {"rid": str(rid), **boot})]
     if pre > 0:
