@@ -99,7 +99,7 @@ def tpot(run: dict[str, Any]) -> float | None:
     ch = run["chunks"]
     if len(ch) < 2 or ch[-1][1] <= ch[0][1]:
         return None
-    return (ch[-1][0] - ch[0][0]) / (ch[-1][1] - ch[0][1])
+    return float((ch[-1][0] - ch[0][0]) / (ch[-1][1] - ch[0][1]))
 
 
 def largest_gap(run: dict[str, Any]) -> float:
@@ -135,11 +135,11 @@ async def background(
 ) -> dict[str, Any]:
     """One request through ordinary P/D: prefill server, KV transfer, decode server."""
     boot = bootstrap(pair.p, room)
-    got, _ = await asyncio.gather(
+    halves: tuple[dict[str, Any], dict[str, Any]] = await asyncio.gather(
         stream(c, pair.d.cfg.url, ids, new, {"rid": str(room), **boot}),
         stream(c, pair.p.cfg.url, ids, 1, {"rid": f"{room}-p", **boot}),
     )
-    return got
+    return halves[0]
 
 
 async def flush(c: httpx.AsyncClient, pair: Pair) -> None:
