@@ -240,7 +240,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             rep["suffix_s"] = {"measured": calib, "used": suffix_s}
             alone = await arm(c, pair, args, prompts, 1000, suffix_s, None)
             alone_tpot = float(alone["streams"]["tpot_median_s"])
-            targets = [float(f) * alone_tpot for f in args.tpot_factor.split(",")]
+            targets = [f * alone_tpot for f in args.tpot_factor]
             rep.update(targets_s=targets, alone=alone)
             print(f"extend {suffix_s:.4f} s alone; streams alone {alone_tpot * 1e3:.2f} ms",
                   flush=True)  # fmt: skip
@@ -273,6 +273,17 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     return rep
 
 
+def _factors(text: str) -> list[float]:
+    """``--tpot-factor``: a comma-separated list of positive numbers."""
+    try:
+        out = [float(x) for x in text.split(",")]
+    except ValueError:
+        out = []
+    if not out or not all(x > 0 for x in out):
+        raise argparse.ArgumentTypeError(f"want positive numbers like 2.0,1.5, not {text!r}")
+    return out
+
+
 def main() -> int:
     term_as_interrupt()
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
@@ -287,8 +298,8 @@ def main() -> int:
     p.add_argument("--steal-len", type=int, default=6000)
     p.add_argument("--steal-gap", type=float, default=0.15)
     p.add_argument("--steal-new", type=int, default=32)
-    p.add_argument("--tpot-factor", default="2.0,1.5",
-                   help="TPOT targets, as multiples of the streams' TPOT alone")  # fmt: skip
+    p.add_argument("--tpot-factor", type=_factors, default=_factors("2.0,1.5"),
+                   help="TPOT targets, multiples of the streams' TPOT alone")  # fmt: skip
     p.add_argument("--under", type=float, default=0.5,
                    help="room_under: predictions as this x the extend measured")  # fmt: skip
     p.add_argument("--repeats", type=int, default=2)

@@ -97,6 +97,6 @@ def main(causal: str, seed: int) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        sys.exit("usage: python refusal_reasons.py causal/seedN.jsonl N")
+    if len(sys.argv) != 3 or not sys.argv[2].isdigit():
+        sys.exit("usage: python refusal_reasons.py causal/seedN.jsonl N (N: the seed, an integer)")
     main(sys.argv[1], int(sys.argv[2]))

@@ -27,9 +27,15 @@ from fluidpd.sim.simulator import simulate
 
 
 def main(argv: list[str]) -> None:
-    seed, workload, model, gpu, slo = int(argv[0]), argv[1], argv[2], argv[3], argv[4]
-    cell = rb.Cell(workload, (model, gpu), slo, int(argv[5]), float(argv[6]))
-    lo, hi = (float(argv[7]), float(argv[8])) if len(argv) == 9 else (0.0, float("inf"))
+    try:
+        seed, workers, fraction = int(argv[0]), int(argv[5]), float(argv[6])
+        lo, hi = (float(argv[7]), float(argv[8])) if len(argv) == 9 else (0.0, float("inf"))
+    except ValueError as exc:
+        sys.exit(
+            f"refusals.py: SEED and WORKERS are integers, FRACTION, FROM_S, TO_S numbers ({exc})"
+        )
+    workload, model, gpu, slo = argv[1], argv[2], argv[3], argv[4]
+    cell = rb.Cell(workload, (model, gpu), slo, workers, fraction)
     setup = rb.setup_cell(cell, seed, rb.SIZES["full"])
     if setup is None:
         sys.exit(f"{cell.label}: no static split meets TTFT at any rate")
