@@ -14,7 +14,9 @@ cache flushed first and the same prompts:
   extend), one every ``--steal-gap`` seconds.
 
 Arms ``alone`` (streams only: their TPOT without stealing), then for each TPOT target
-``room`` / ``no_room`` alternating ``--repeats`` times; last, ``room_under``: the room with every
+``room`` / ``no_room`` alternating ``--repeats`` times, then ``static`` (the same long prompts at
+the same times through ordinary P/D: what FluidToken must not do worse than); last,
+``room_under``: the room with every
 prediction ``--under`` x the truth (a profile of a faster GPU), which the hook's extend stretch
 must learn. The TPOT targets are ``--tpot-factor`` (a list) x the median TPOT of the ``alone``
 streams; a stolen split's predicted seconds is its extend measured alone (TTFT of one stolen
@@ -149,10 +151,11 @@ async def flush(c: httpx.AsyncClient, pair: Pair) -> None:
 
 async def arm(
     c: httpx.AsyncClient, pair: Pair, args: argparse.Namespace, prompts: dict[str, Any],
-    room0: int, suffix_s: float, target: float | None,
+    room0: int, suffix_s: float, target: float | None, steal: bool = True,
 ) -> dict[str, Any]:  # fmt: skip
     """Streams, and (``target`` not None) stolen requests once every stream has its first
-    token; ``target`` 0 registers them without a TPOT room."""
+    token; ``target`` 0 registers them without a TPOT room. ``steal`` False: the same
+    requests at the same times through ordinary P/D instead (the static split's answer)."""
     await flush(c, pair)
     before = await hook_stats(c, pair)
     bg = [
@@ -173,7 +176,8 @@ async def arm(
         for k, ids in enumerate(prompts["steal"]):
             room = room0 + 500 + k
             st.append(asyncio.create_task(
-                stolen(c, pair, room, ids, args.steal_new, suffix_s, target)))  # fmt: skip
+                stolen(c, pair, room, ids, args.steal_new, suffix_s, target) if steal
+                else background(c, pair, room, ids, args.steal_new)))  # fmt: skip
             await asyncio.sleep(args.steal_gap)
     streams = await asyncio.gather(*bg)
     steals = await asyncio.gather(*st)
@@ -247,11 +251,14 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             write_json(out / "sglang_room.json", rep)
             plan = [(name, target, scale, r) for target in targets for r in range(args.repeats)
                     for name, scale in (("room", 1.0), ("no_room", 0.0))]  # fmt: skip
+            # The static split: no stealing, the long prompts prefilled on the prefill server.
+            plan += [("static", target, -1.0, 0) for target in targets]
             # Last: what the hook learns of extends slower than predicted stays with it.
             plan.append(("room_under", targets[-1], args.under, 0))
             for name, target, scale, r in plan:
                 res = await arm(c, pair, args, prompts, 2000 + 1000 * len(rep["arms"]),
-                                suffix_s * max(scale, 0.0), target if scale else 0.0)  # fmt: skip
+                                suffix_s * max(scale, 0.0), target if scale else 0.0,
+                                steal=scale >= 0)  # fmt: skip
                 # no_room registers tpot 0, but its requests are held to the same target.
                 for side in ("streams", "stolen"):
                     res[side]["tpot_met"] = sum(x <= target for x in res[side]["tpot_s"])
