@@ -145,6 +145,7 @@ def stream_tpot_room(
     streams: Iterable[tuple[float, int, int]],
     stretch: float = 1.0,
     fastest_s: float | None = None,
+    joining: Iterable[tuple[float, int]] = (),
 ) -> float:
     """The most seconds a decode iteration may run past ``iteration_s`` with every running
     stream still within ``tpot_slo`` when it ends, if every later iteration takes
@@ -170,8 +171,19 @@ def stream_tpot_room(
     the stream past its target for good. On a real SGLang decode server (H100, 24 streams,
     sixteen 6,000-token suffixes, a TPOT target 1.5 x the streams' own), every stream missed
     with the room as without it (results/sglang/h100-room-2026-12-06).
+    ``joining``: for each request the extend adds to the batch, the seconds it adds to every
+    iteration it decodes in and how many it decodes in at most (its ``max_new_tokens``): a
+    stream pays that for each of its own remaining iterations the joining request shares. A
+    stolen request's stream slows every step while it decodes, which an extend's own seconds
+    leave out; on a real SGLang decode server (H100, twelve streams), one 12,000-token stream
+    in the batch took each step from about 8.2 to 12.5 ms. Counting the extend alone, the room
+    let four such suffixes run in the streams' first four seconds, the streams fell past
+    their pace, were given up, and met TPOT in none of 12 at a target of 1.5 x their own
+    (results/sglang/h100-room-2026-12-06, run6).
+
     ``inf`` with no stream left to protect."""
     fastest = iteration_s if fastest_s is None else min(fastest_s, iteration_s)
+    joins = [(max(0.0, seconds), steps) for seconds, steps in joining if steps > 0]
     room = math.inf
     for elapsed, out, limit in streams:
         if limit <= 1:
@@ -179,7 +191,8 @@ def stream_tpot_room(
         remaining = max(1, limit - out)
         budget = (tpot_slo * (limit - 1) - elapsed) / stretch
         if budget - remaining * fastest >= 0:
-            room = min(room, max(0.0, budget - remaining * iteration_s))
+            slowed = sum(seconds * min(remaining, steps) for seconds, steps in joins)
+            room = min(room, max(0.0, budget - remaining * iteration_s - slowed))
     return room
 
 

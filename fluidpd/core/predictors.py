@@ -135,6 +135,10 @@ class DecodeIterPredictor:
         """Predicted latency of one decode iteration, eq. (13)."""
         return self.a_c * context_tokens + self.a_n * batch + self.a_0
 
+    def added(self, context_tokens: float) -> float:
+        """Seconds one more stream of ``context_tokens`` adds to an iteration, eq. (13)."""
+        return self.a_c * context_tokens + self.a_n
+
     def iteration_times(self, batch: int, context_tokens: int, iterations: int) -> FloatArray:
         """Eq. (13) for each of ``iterations`` consecutive iterations of an unchanged batch,
         whose context grows by one token per member per iteration."""

@@ -49,6 +49,7 @@ from typing import Any
 
 import httpx
 
+from fluidpd.profiles import ProfileError, resolve_profile
 from fluidpd_sidecar.sglang.server import SglangServer, free_ports
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -124,11 +125,11 @@ async def hook_stats(c: httpx.AsyncClient, pair: Pair) -> dict[str, Any]:
 
 async def stolen(
     c: httpx.AsyncClient, pair: Pair, room: int, ids: list[int], new: int, suffix_s: float,
-    target: float,
+    target: float, step_s: float = 0.0,
 ) -> dict[str, Any]:  # fmt: skip
     """One request whose whole prompt is stolen: registered with the decode hook (``target``
     0: no TPOT room), forgotten by the prefill side, extended by the decode server."""
-    boot = await split(c, pair.p, pair.d, room, ids, 0, suffix_s, target)
+    boot = await split(c, pair.p, pair.d, room, ids, 0, suffix_s, target, step_s)
     return await stream(c, pair.d.cfg.url, ids, new, {"rid": str(room), **boot})
 
 
@@ -176,18 +177,21 @@ async def arm(
         for k, ids in enumerate(prompts["steal"]):
             room = room0 + 500 + k
             st.append(asyncio.create_task(
-                stolen(c, pair, room, ids, args.steal_new, suffix_s, target) if steal
+                stolen(c, pair, room, ids, args.steal_new, suffix_s, target, args.step_s) if steal
                 else background(c, pair, room, ids, args.steal_new)))  # fmt: skip
             await asyncio.sleep(args.steal_gap)
     streams = await asyncio.gather(*bg)
     steals = await asyncio.gather(*st)
-    after = await hook_stats(c, pair)
+    snap = await decode_snapshot(c, pair)
+    after = dict(snap.get("fluid") or {})
     return {
         "target": target,
         "streams": summarize(streams, target or 0.0),
         "stolen": {**summarize(steals, target or 0.0),
                    "ttft_s": [round(x, 4) for x in map(ttft, steals) if x is not None]},
         "hook": {k: after.get(k, 0) - before.get(k, 0) for k in HOOK_COUNTERS},
+        # What a stolen stream adds to a decode step, as the hook measured it by now.
+        "joining_s": snap.get("fluid_joining_s"),
     }  # fmt: skip
 
 
@@ -221,7 +225,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "steal": [random_ids(rng, args.steal_len, vocab) for _ in range(args.steal)],
         "calib": [random_ids(rng, args.steal_len, vocab) for _ in range(2)],
     }
-    rep: dict[str, Any] = {"command": " ".join(sys.argv), "arms": []}
+    rep: dict[str, Any] = {"command": " ".join(sys.argv), "arms": [], "step_s": args.step_s}
     bp = free_ports(1)[0]
     pcfg = config(args, model, out, "p", mem=args.mem_p, mode="prefill", bootstrap_port=bp,
                   transfer_backend="mooncake")  # fmt: skip
@@ -269,7 +273,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                       f"{s['tpot_median_s'] * 1e3:.2f} / {st['tpot_median_s'] * 1e3:.2f} ms; "
                       f"stolen TTFT median {median(st['ttft_s']):.3f} s; extends "
                       f"{h['extends']}, held {h['held']}, extend s {h['extend_seconds']:.2f} "
-                      f"(predicted {h['extend_predicted_seconds']:.2f})", flush=True)  # fmt: skip
+                      f"(predicted {h['extend_predicted_seconds']:.2f}); a stolen stream adds "
+                      f"{(res['joining_s'] or 0.0) * 1e3:.2f} ms a step", flush=True)  # fmt: skip
                 write_json(out / "sglang_room.json", rep)
     except Exception as exc:
         rep["error"] = repr(exc)
@@ -311,7 +316,15 @@ def main() -> int:
                    help="room_under: predictions as this x the extend measured")  # fmt: skip
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--request-timeout", type=float, default=300.0)
+    p.add_argument("--profile-gpu", default="h100",
+                   help="the Llama-3.1-8B profile whose eq. 13 predicts what a stolen stream "
+                        "adds to a decode step, as the decode sidecar registers it")  # fmt: skip
     args = p.parse_args()
+    try:
+        profile = resolve_profile("llama-3.1-8b", args.profile_gpu, None)
+    except ProfileError as exc:
+        p.error(f"--profile-gpu: {exc}")
+    args.step_s = profile.decode_predictor().added(args.steal_len)
     rep = asyncio.run(main_async(args))
     print(json.dumps({k: v for k, v in rep.items() if k not in ("arms", "alone")}, indent=1))
     return 1 if "error" in rep else 0

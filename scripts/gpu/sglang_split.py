@@ -127,13 +127,15 @@ def bootstrap(p: SglangServer, room: int) -> dict[str, Any]:
 
 async def split(
     c: httpx.AsyncClient, p: SglangServer, d: SglangServer, rid: int, ids: list[int], pre: int,
-    suffix_s: float = 0.0, tpot: float = 0.0,
+    suffix_s: float = 0.0, tpot: float = 0.0, step_s: float = 0.0,
 ) -> dict[str, Any]:  # fmt: skip
     """Tell the hooks how ``rid``'s prompt is split at ``pre`` (the decode hook the suffix,
-    with its predicted extend seconds and TPOT target; the prefill hook to forget a room it
-    will never see, at ``pre`` 0); the bootstrap fields of its two halves."""
+    with its predicted extend seconds, TPOT target and what its stream adds to a decode step;
+    the prefill hook to forget a room it will never see, at ``pre`` 0); the bootstrap fields
+    of its two halves."""
     if pre < len(ids):
-        body = {"rid": str(rid), "suffix": len(ids) - pre, "suffix_s": suffix_s, "tpot": tpot}
+        body = {"rid": str(rid), "suffix": len(ids) - pre, "suffix_s": suffix_s, "tpot": tpot,
+                "step_s": step_s}  # fmt: skip
         r = await c.post(f"http://127.0.0.1:{d.cfg.hook_port}/split", json=body)
         r.raise_for_status()
     if pre == 0:

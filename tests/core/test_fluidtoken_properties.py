@@ -827,6 +827,38 @@ def test_streams_the_fastest_iterations_could_save_are_kept_with_no_room_left(
     assert stream_tpot_room(slo, t, streams, fastest_s=t) == stream_tpot_room(slo, t, streams)
 
 
+@given(
+    st.lists(_STREAM, min_size=1, max_size=8),
+    st.floats(0.005, 0.04),
+    st.floats(0.02, 0.2),
+    st.lists(st.tuples(st.floats(0.0, 0.01), st.integers(0, 400)), max_size=3),
+)
+def test_a_joining_stream_takes_its_slower_steps_out_of_every_stream_it_shares_them_with(
+    streams: list[tuple[float, int, int]],
+    t: float,
+    slo: float,
+    joining: list[tuple[float, int]],
+) -> None:
+    """Each request an extend adds slows the steps it decodes in: a stream loses that for each
+    of its own remaining steps the request shares, no room goes negative, and the streams
+    given up without it are given up with it (what they would miss at is unchanged)."""
+    room = stream_tpot_room(slo, t, streams, joining=joining)
+
+    def left(elapsed: float, out: int, n: int) -> float:
+        return slo * (n - 1) - elapsed - max(1, n - out) * t
+
+    def slowed(out: int, n: int) -> float:
+        return sum(sec * min(max(1, n - out), k) for sec, k in joining)
+
+    kept = [s for s in streams if s[2] > 1 and left(*s) >= 0]
+    want = min((max(0.0, left(*s) - slowed(*s[1:])) for s in kept), default=math.inf)
+    assert room == pytest.approx(want, abs=1e-12)
+    assert room <= stream_tpot_room(slo, t, streams)
+    assert stream_tpot_room(slo, t, streams, joining=[(0.01, 0)]) == stream_tpot_room(
+        slo, t, streams
+    )
+
+
 def test_streams_without_a_tpot_leave_unbounded_room() -> None:
     assert stream_tpot_room(0.05, 0.02, []) == math.inf
     assert stream_tpot_room(0.05, 0.02, [(10.0, 1, 1)]) == math.inf

@@ -885,6 +885,41 @@ def test_forced_steal_pins_the_split(beta: float, prefix: int) -> None:
     assert_decode_empty(d)
 
 
+def test_a_stolen_suffix_waits_while_its_own_stream_would_slow_a_running_one_past_tpot() -> None:
+    """The suffix's extend fits a running stream's room, but the request it adds decodes
+    beside that stream, each step slower by eq. (13)'s share of its context: counted, the
+    suffix waits."""
+    p, d = make("p", Role.PREFILL), make("d", Role.DECODE)
+    bus = Bus.of(p, d)
+    a = req(0, prompt=500, out=40)
+    bus.submit(a, p, d)
+    bus.run_prefill(p, 0.0)
+    bus.complete_handoffs(0.0)
+    now = bus.decode_step(d, 0.0)
+    dec = d.decode
+    s = req(1, prompt=30_000, out=40)
+    s.prefill_worker = "p"
+    dec.add(s)
+    bus.pump()
+    dec.suffix_committed(1, 50)
+    dec.handoff_done(1, 29_950, now)
+    extend = dec.suffix.time(50, 29_950)
+    joined = (dec.decode.added(30_000), 40)
+    n, ctx = len(dec.active), dec.context
+    assert a.first_token_t is not None
+    a.first_token_t = now  # its whole budget ahead: no room clipped at 0
+    room = dec.stream_room(now, n, ctx)
+    slowed = room - dec.stream_room(now, n, ctx, [joined])
+    left = 40 - dec.active[0].generated(dec.iteration)
+    assert slowed == pytest.approx(joined[0] * left)  # each step the stream has left
+    # Move the stream's first token so that its room holds the extend but not the extend and
+    # the slower steps beside the joining request (the room is the budget over the stretch).
+    a.first_token_t -= (room - (extend + slowed / 2)) * dec.iteration_error.stretch
+    assert dec.stream_room(now, n, ctx) > extend > dec.stream_room(now, n, ctx, [joined])
+    b = d.next_batch(now)
+    assert isinstance(b, DecodeBatch) and b.suffix == [] and b.batch == 1
+
+
 def test_budget_peers_are_the_queued_requests_decode_workers_once_two_wait() -> None:
     p = make("p0", Role.PREFILL)
     assert p.prefill.budget_peers() == set()

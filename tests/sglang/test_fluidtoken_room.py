@@ -161,6 +161,50 @@ def test_steps_slowed_by_stolen_suffixes_do_not_give_a_stream_up() -> None:
     assert not streams.fits(_Split(12000, 0.45, 0.012, 0.0), now, [edge])
 
 
+def _stolen_steps(plain: float, joined: float, n: int) -> Streams:
+    """``n`` decode steps of ``plain`` seconds, then ``n`` with a stolen stream in the batch."""
+    streams = _streams(*([plain] * n))
+    t = streams.last_call
+    assert t is not None
+    for _ in range(n):
+        t += joined
+        streams.observe(t, decoded=True, stolen=True)
+    return streams
+
+
+def test_what_a_stolen_stream_adds_to_a_step_is_measured_once_both_kinds_were_seen() -> None:
+    # Before: the sidecar's prediction (eq. 13); after 8 steps of each kind, the difference of
+    # their means: 12.5 ms with a 12,000-token stolen stream in the batch, 8.2 ms without.
+    few = _stolen_steps(0.0082, 0.0125, fluidtoken_hook.JOINED_MIN - 1)
+    assert few.joining_s(0.0006) == 0.0006
+    seen = _stolen_steps(0.0082, 0.0125, fluidtoken_hook.JOINED_MIN)
+    assert seen.joining_s(0.0006) == pytest.approx(0.0043)
+    # Extends and idle calls are not steps of either kind; a faster joined mean reads 0.
+    assert _stolen_steps(0.010, 0.009, 8).joining_s(0.0006) == 0.0
+
+
+def test_a_suffix_waits_while_its_stream_would_slow_the_running_ones_past_their_room() -> None:
+    # A 400-token stream, 100 out 2.178 s after its first token, at 12 ms: 4.788 s of budget
+    # less 300 steps of 8.2 ms leaves 0.15 s, which a 50 ms extend fits. Each step beside
+    # the stolen stream it adds is 4.3 ms slower once measured: 64 of them do not fit.
+    streams = _stolen_steps(0.0082, 0.0125, 8)
+    streams.periods.clear()
+    for _ in range(32):
+        streams.periods.append((0.0082, True))
+    now = 500.0
+    stream = _req("a", now - 2.178, 100, 400)
+    assert streams.room(now, 0.012, [stream]) == pytest.approx(0.15)
+    split = _Split(12000, 0.05, 0.012, 0.0, 0.0006)
+    assert streams.fits(split, now, [stream])  # no step count: the extend alone
+    assert not streams.fits(split, now, [stream], steps=64)  # 0.05 + 64 x 4.3 ms > 0.15
+    assert streams.fits(split, now, [stream], steps=20)  # 0.05 + 20 x 4.3 ms < 0.15
+    # A stolen stream already in the batch with 63 tokens to go: the mean iteration holds the
+    # steps it slows, and the new one's are counted only past them.
+    running = _req("s", now - 0.01, 1, 64)
+    setattr(running, fluidtoken_hook._STOLEN, True)
+    assert streams.fits(split, now, [stream, running], steps=64)
+
+
 @pytest.fixture
 def clean_hook() -> Iterator[None]:
     saved = (fluidtoken_hook._streams, dict(fluidtoken_hook._stats))
@@ -175,7 +219,7 @@ def test_the_first_waiting_suffix_waits_and_the_batch_decodes_meanwhile(clean_ho
     fluidtoken_hook._streams = _streams(0.026, 0.026)
     now = 300.0
     short = _req("s", now - 0.020, 1, 4)
-    queued = [SimpleNamespace(rid="x"), SimpleNamespace(rid="y")]
+    queued = [_req("x", 0.0, 0, 4), _req("y", 0.0, 0, 4)]
     setattr(queued[0], fluidtoken_hook._PENDING, _Split(800, 0.2, 0.05, 0.0))
     setattr(queued[1], fluidtoken_hook._PENDING, _Split(10, 0.001, 0.05, 0.0))
     held = fluidtoken_hook._stats["held"]
@@ -212,8 +256,11 @@ def test_the_decode_sidecar_registers_the_suffix_time_and_tpot_over_http(
     assert split.tokens == 700 and split.tpot == 0.05
     assert split.suffix_s == pytest.approx(PROFILE.suffix_predictor().time(700, 3000))
     assert split.suffix_s > PROFILE.suffix_predictor().time(700, 0)  # the prefix counts
+    assert split.step_s == pytest.approx(PROFILE.decode_predictor().added(3700))
     bad = fluidtoken_hook.handle_post("/split", {"rid": "1", "suffix": 5, "tpot": -1})
     assert bad[0] == 400 and "tpot" in bad[1]["error"]
+    bad = fluidtoken_hook.handle_post("/split", {"rid": "1", "suffix": 5, "step_s": "nan"})
+    assert bad[0] == 400 and "step_s" in bad[1]["error"]
 
 
 def test_sglang_python_imports_the_core(sglang_python: str, tmp_path: Path) -> None:

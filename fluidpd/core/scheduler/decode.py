@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -240,11 +240,15 @@ class DecodeSide:
         suffix_s = 0.0
         if self.ready and self.bank >= 0:
             allow = self.token_cfg.eta * tpot_slack(self.slo.tpot, self.decode, n, ctx)
-            room = self.stream_room(now, n, ctx)
+            joins: list[tuple[float, int]] = []
             while self.ready:
-                t = self.suffix.of_prompt(self.ready[0].stolen, self.ready[0].prompt_len)
+                head = self.ready[0]
+                t = self.suffix.of_prompt(head.stolen, head.prompt_len)
                 # The first suffix goes past eq. (15)'s allowance (it would wait for ever),
-                # never past a running stream's TPOT room.
+                # never past a running stream's TPOT room, which its own stream's steps
+                # (and those of the suffixes before it) share once it joins.
+                joins.append((self.decode.added(head.prompt_len), head.max_new_tokens))
+                room = self.stream_room(now, n, ctx, joins)
                 if suffix_s + t > room or (suffix and suffix_s + t > allow):
                     break
                 suffix.append(self.ready.popleft())
@@ -513,9 +517,11 @@ class DecodeSide:
             out.append((tokens, max(0, prompt - tokens)))
         return out
 
-    def stream_room(self, now: float, batch: int, context: int) -> float:
+    def stream_room(
+        self, now: float, batch: int, context: int, joins: Sequence[tuple[float, int]] = ()
+    ) -> float:
         """``stream_tpot_room`` of the running streams at ``now``, for an iteration of
-        ``batch`` streams over ``context`` tokens."""
+        ``batch`` streams over ``context`` tokens, with the requests ``joins`` adds."""
         streams = (
             (now - s.req.first_token_t, s.generated(self.iteration), s.req.max_new_tokens)
             for s in self.active.values()
@@ -525,6 +531,7 @@ class DecodeSide:
             self.decode.time(batch, context),
             streams,
             self.iteration_error.stretch,
+            joining=joins,
         )
 
     def steal_budget(self, n_prefill: int) -> float:

@@ -341,13 +341,15 @@ class DecodeSplits:
 
     async def register(self, client: aiohttp.ClientSession, body: SuffixCommit) -> None:
         """Tell the hook before the prefix KV can land (the prefill side waits for this):
-        the suffix, the profile's prediction of its extend and the TPOT target, so that the
-        extend waits for room in every running stream's TPOT (``fluidtoken_hook.Streams``)."""
+        the suffix, the profile's prediction of its extend, of what its stream adds to each
+        decode step (eq. 13) and the TPOT target, so that the extend waits for room in every
+        running stream's TPOT (``fluidtoken_hook.Streams``)."""
         split = {
             "rid": str(body.rid),
             "suffix": body.tokens,
             "suffix_s": float(self.suffix.time(body.tokens, body.prefix)),
             "tpot": self.slo.tpot,
+            "step_s": self.decode.added(body.prefix + body.tokens),
         }
         timeout = aiohttp.ClientTimeout(total=5.0)
         async with client.post(f"{self.hook_url}/split", json=split, timeout=timeout) as r:

@@ -62,6 +62,9 @@ class _Split:
     suffix_s: float  #: the decode sidecar's prediction of their extend's seconds
     tpot: float  #: the TPOT target running streams are held to (0: none)
     at: float  #: registration time (``time.monotonic``)
+    #: The decode sidecar's prediction of the seconds the request's stream adds to each
+    #: decode step once it joins (eq. 13): the hook's measurement replaces it once it has one.
+    step_s: float = 0.0
 
 
 #: Registered splits: SGLang rid -> its split.
@@ -92,18 +95,27 @@ _MARK = "_fluidpd_extend"
 #: Set on a request whose prefix KV landed and whose suffix still has to run: its ``_Split``
 #: (the prefix length and the extend's TPOT room both come from it).
 _PENDING = "_fluidpd_pending"
+#: Set on a request once its suffix ran here: its stream is a stolen one.
+_STOLEN = "_fluidpd_stolen"
 #: Busy iterations (extends aside) whose periods make the room's iteration time.
 PERIODS_KEPT = 32
 #: Decode steps whose fastest is the pace a stream is given up at: many more than a stolen
 #: suffix's stream stays in the batch (its long context slows every step while it does).
 FASTEST_KEPT = 1024
+#: Decode steps kept of each kind, with a stolen request's stream in the batch and without,
+#: whose means' difference is what a joining stolen stream adds to a step.
+JOINED_KEPT = 256
+#: Steps of each kind before that difference replaces the sidecar's prediction.
+JOINED_MIN = 8
 
 
 class SplitRefused(ValueError):
     """The split cannot be run here (bad values or an unsupported server config)."""
 
 
-def register(rid: str, suffix: int, suffix_s: float = 0.0, tpot: float = 0.0) -> None:
+def register(
+    rid: str, suffix: int, suffix_s: float = 0.0, tpot: float = 0.0, step_s: float = 0.0
+) -> None:
     s = _scheduler["s"]
     if s is not None:
         page = int(getattr(s.token_to_kv_pool_allocator, "page_size", 1))
@@ -111,10 +123,12 @@ def register(rid: str, suffix: int, suffix_s: float = 0.0, tpot: float = 0.0) ->
             raise SplitRefused(f"page_size {page}: suffix extends need page_size 1")
     if suffix < 1:
         raise SplitRefused("suffix must be >= 1")
-    if not (suffix_s >= 0.0 and tpot >= 0.0):  # also refuses NaN
-        raise SplitRefused("suffix_s and tpot must be >= 0")
+    if not (suffix_s >= 0.0 and tpot >= 0.0 and step_s >= 0.0):  # also refuses NaN
+        raise SplitRefused("suffix_s, tpot and step_s must be >= 0")
     with _lock:
-        _splits[str(rid)] = _Split(int(suffix), float(suffix_s), float(tpot), time.monotonic())
+        _splits[str(rid)] = _Split(
+            int(suffix), float(suffix_s), float(tpot), time.monotonic(), float(step_s)
+        )
 
 
 class Streams:
@@ -129,22 +143,32 @@ class Streams:
         #: extends: decode steps and SGLang's own steps for arriving requests.
         self.periods: deque[tuple[float, bool]] = deque(maxlen=PERIODS_KEPT)
         self.steps: deque[float] = deque(maxlen=FASTEST_KEPT)
+        #: Decode steps with a stolen request's stream in the batch, and without one.
+        self.joined: deque[float] = deque(maxlen=JOINED_KEPT)
+        self.plain: deque[float] = deque(maxlen=JOINED_KEPT)
         self.last_call: float | None = None
         #: The extends' measured seconds against the decode sidecar's prediction: a profile
         #: of another GPU, or an engine slower than it, mispredicts every extend alike.
         self.extend_error = IterationError()
 
     def observe(
-        self, now: float, decoded: bool, extended: _Split | None = None, idle: bool = False
+        self,
+        now: float,
+        decoded: bool,
+        extended: _Split | None = None,
+        idle: bool = False,
+        stolen: bool = False,
     ) -> None:
         """The batch selection is called at ``now`` (``time.perf_counter``); ``decoded``: the
-        iteration since the last call was a decode step of the running batch; ``extended``:
-        it was the extend of that split; ``idle``: no batch ran."""
+        iteration since the last call was a decode step of the running batch (``stolen``:
+        with a stolen request's stream in it); ``extended``: it was the extend of that
+        split; ``idle``: no batch ran."""
         if self.last_call is not None and not idle:
             if extended is None:
                 self.periods.append((now - self.last_call, decoded))
                 if decoded:
                     self.steps.append(now - self.last_call)
+                    (self.joined if stolen else self.plain).append(now - self.last_call)
             else:
                 took = now - self.last_call
                 self.extend_error.add(extended.suffix_s, took)
@@ -170,26 +194,57 @@ class Streams:
         request missed TPOT with the room as without it)."""
         return min(self.steps, default=0.0)
 
-    def room(self, now: float, tpot: float, running: list[Any]) -> float:
+    def joining_s(self, predicted: float) -> float:
+        """What a stolen request's stream adds to each decode step: the mean step with one in
+        the batch less the mean step without, once both were seen ``JOINED_MIN`` times; until
+        then the decode sidecar's ``predicted`` (eq. 13). Measured, not taken from eq. 13's
+        sum over contexts: a decode step's attention waits for its longest context, so one
+        12,000-token stream beside twelve short ones took an H100's step from about 8.2 to
+        12.5 ms, where eq. 13 (the H100 profile) adds 0.6 ms, and more such streams at once
+        add little more (results/sglang/h100-room-2026-12-06, run6)."""
+        if len(self.joined) < JOINED_MIN or len(self.plain) < JOINED_MIN:
+            return predicted
+        joined = sum(self.joined) / len(self.joined)
+        return max(0.0, joined - sum(self.plain) / len(self.plain))
+
+    def room(
+        self, now: float, tpot: float, running: list[Any], joining: tuple[float, int] = (0.0, 0)
+    ) -> float:
         """``stream_tpot_room`` of the ``running`` requests at ``now``: the most seconds an
-        extend may take before their next decode step."""
+        extend may take before their next decode step, with the stream it adds slowing each
+        step by ``joining[0]`` seconds for ``joining[1]`` steps."""
         streams = []
         for r in running:
             first = _first_token_time(r)
             if first <= 0.0 or r.finished():
                 continue  # not streaming yet, or leaving the batch: no TPOT to keep
-            limit = int(getattr(r.sampling_params, "max_new_tokens", 0) or 0)
-            streams.append((now - first, len(r.output_ids), limit))
-        return stream_tpot_room(tpot, self.iteration_s(), streams, fastest_s=self.fastest_s())
+            streams.append((now - first, len(r.output_ids), _max_new(r)))
+        return stream_tpot_room(
+            tpot, self.iteration_s(), streams, fastest_s=self.fastest_s(), joining=(joining,)
+        )
 
-    def fits(self, split: _Split, now: float, running: list[Any]) -> bool:
+    def fits(self, split: _Split, now: float, running: list[Any], steps: int = 0) -> bool:
         """Whether ``split``'s extend may run at ``now``, before the ``running`` requests'
         next decode step: its predicted seconds, stretched by how much longer than predicted
-        this server's extends ran (``IterationError``, never below 1), within the room."""
+        this server's extends ran (``IterationError``, never below 1), within the room, with
+        its stream (``steps``: its ``max_new_tokens``) slowing each step it shares with them
+        (``joining_s``). Steps a stolen stream already in the batch shares with it are not
+        counted again: the mean iteration holds them."""
         if split.tpot <= 0.0 or not running:
             return True  # nothing to keep, or a caller that did not say: the budget bounds it
         expected = split.suffix_s * self.extend_error.stretch
-        return expected <= self.room(now, split.tpot, running)
+        left = max((_left(r) for r in running if hasattr(r, _STOLEN)), default=0)
+        joining = (self.joining_s(split.step_s), max(0, steps - left))
+        return expected <= self.room(now, split.tpot, running, joining)
+
+
+def _left(req: Any) -> int:
+    """Tokens ``req`` may still decode (SGLang's ``max_new_tokens`` less its output)."""
+    return max(0, _max_new(req) - len(req.output_ids))
+
+
+def _max_new(req: Any) -> int:
+    return int(getattr(req.sampling_params, "max_new_tokens", 0) or 0)
 
 
 def _first_token_time(req: Any) -> float:
@@ -282,8 +337,8 @@ def _sweeper() -> None:
 
 def snapshot_fields() -> dict[str, Any]:
     """What ``hook.snapshot`` adds: the rids whose split is registered and whose suffix has
-    not run yet (the decode sidecar subtracts their tokens from its stealing budget), and
-    counters."""
+    not run yet (the decode sidecar subtracts their tokens from its stealing budget),
+    counters, and the measured seconds a stolen stream adds to a decode step."""
     s = _scheduler["s"]
     with _lock:
         pending = set(_splits)
@@ -294,7 +349,13 @@ def snapshot_fields() -> dict[str, Any]:
     if q is not None:
         # Handshake done, waiting for KV room: decode admission is the bottleneck.
         blocked = sum(1 for dr in list(q.queue) if getattr(dr, "waiting_for_input", False))
-    return {"fluid_pending": sorted(pending), "fluid": dict(_stats), "prealloc_blocked": blocked}
+    return {
+        "fluid_pending": sorted(pending),
+        "fluid": dict(_stats),
+        "prealloc_blocked": blocked,
+        # What a stolen stream adds to a decode step, as measured here (0: not yet).
+        "fluid_joining_s": _streams.joining_s(0.0),
+    }
 
 
 class _Landed:
@@ -404,6 +465,7 @@ def _extend_batch(s: Any, req: Any) -> Any:
         num_new_seqs=1,
     )
     setattr(batch, _MARK, split)
+    setattr(req, _STOLEN, True)
     _stats["extends"] += 1
     _stats["extend_tokens"] += n - p
     return batch
@@ -420,7 +482,9 @@ def _patch_next_batch(cls: Any) -> None:
         ran_extend = extended is not None
         now = time.perf_counter()
         decoded = last is not None and not ran_extend and last.forward_mode.is_decode()
-        _streams.observe(now, decoded, extended, idle=last is None)
+        # Only once a suffix ran here: a scan of the batch per step is the hook's cost.
+        stolen = decoded and _stats["extends"] > 0 and any(hasattr(r, _STOLEN) for r in last.reqs)
+        _streams.observe(now, decoded, extended, idle=last is None, stolen=stolen)
         if ran_extend:
             # As SGLang's normal scheduler does after a prefill: the extended request joins
             # the running decode batch (finished ones are filtered out first).
@@ -454,7 +518,7 @@ def extend_next(fluid: list[Any], ran_extend: bool, running: list[Any], now: flo
     if ran_extend and running:
         return None
     req = fluid[0]
-    if not _streams.fits(getattr(req, _PENDING), now, running):
+    if not _streams.fits(getattr(req, _PENDING), now, running, _max_new(req)):
         _stats["held"] += 1
         return None
     return req
@@ -497,6 +561,7 @@ def handle_post(path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
                 int(body["suffix"]),
                 float(body.get("suffix_s", 0.0)),
                 float(body.get("tpot", 0.0)),
+                float(body.get("step_s", 0.0)),
             )
             return 200, {"ok": True}
         if path == "/forget":
