@@ -33,8 +33,9 @@ runs only within every running stream's TPOT room (the core's ``stream_tpot_room
 simulator's and the sim-engine's decode scheduler, ``DecodeSide.next_batch``): the decode
 sidecar registers each split with the profile's prediction of its extend's seconds and the
 TPOT target; the room reads each running request's first-token time and tokens from SGLang
-and the decode iteration's period as measured here. Until the suffix fits, the running batch
-decodes on without it (``_stats["held"]`` counts those iterations).
+and the decode iteration's period as measured here, and counts the steps the stolen request's
+own stream will slow once it joins (``Streams.joining_s``, measured here too). Until the suffix
+fits, the running batch decodes on without it (``_stats["held"]`` counts those iterations).
 
 On the prefill side, ``Scheduler.process_batch_result_disagg_prefill`` (where SGLang, the
 forward of a request's last chunk done, starts sending its KV) records the request as
