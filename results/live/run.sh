@@ -286,3 +286,16 @@ fluidpd evaluate --workload azure-mixed --rps 20 --num-requests 2000 --pd 4P4D \
 # Result: static 78.0 %, FluidPD 94.8 % live (+16.8 pp; simulated 78.6 / 96.0 %), two D->P
 # switches 15 s apart, 179,176 prompt tokens stolen, TPOT attainment 100 % both. FluidPD >=
 # static - 1 pp holds on both.
+
+# Issue #14 at bd212f2 (FluidToken's room counts the steps a stolen request's own stream slows),
+# run from the repository root on the otherwise idle machine, admin tokens and pid files
+# removed, logs gzipped.
+fluidpd evaluate --workload long-chat-poisson --rps 4 --num-requests 240 --pd 4P4D \
+  --policies static,fluidpd --seed 0 --out results/live/long-chat-poisson-240-4rps-2026-12-06d
+# Result: static 97.5 %, FluidPD 99.6 % live (+2.1 pp; simulated 97.1 / 98.8 %), one switch,
+# 1,110 prompt tokens stolen, TPOT attainment 100 % both.
+fluidpd evaluate --workload azure-mixed --rps 20 --num-requests 2000 --pd 4P4D \
+  --policies static,fluidpd --seed 0 --out results/live/azure-mixed-2000-20rps-2026-12-06d
+# Result: static 78.2 %, FluidPD 96.0 % live (+17.8 pp; simulated 78.6 / 96.0 %), one switch,
+# 180,101 prompt tokens stolen, TPOT attainment 100 % both. FluidPD >= static - 1 pp holds on
+# both.
