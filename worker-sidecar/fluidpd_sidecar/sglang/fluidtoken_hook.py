@@ -202,7 +202,9 @@ class Streams:
         sum over contexts: a decode step's attention waits for its longest context, so one
         12,000-token stream beside twelve short ones took an H100's step from about 8.2 to
         12.5 ms, where eq. 13 (the H100 profile) adds 0.6 ms, and more such streams at once
-        add little more (results/sglang/h100-room-2026-12-06, run6)."""
+        add little more (results/sglang/h100-room-2026-12-06, run6). One figure for the
+        server, whatever the stolen prompt's length: where those vary widely, it reads their
+        mix of the last ``JOINED_KEPT`` steps."""
         if len(self.joined) < JOINED_MIN or len(self.plain) < JOINED_MIN:
             return predicted
         joined = sum(self.joined) / len(self.joined)
