@@ -119,8 +119,9 @@ async def decode_snapshot(c: httpx.AsyncClient, pair: Pair) -> dict[str, Any]:
     return dict((await c.get(f"http://127.0.0.1:{pair.d.cfg.hook_port}/")).json())
 
 
-async def hook_stats(c: httpx.AsyncClient, pair: Pair) -> dict[str, Any]:
-    return dict((await decode_snapshot(c, pair)).get("fluid") or {})
+def fluid_counters(snap: dict[str, Any]) -> dict[str, Any]:
+    """The FluidToken hook's counters in a decode snapshot."""
+    return dict(snap.get("fluid") or {})
 
 
 async def stolen(
@@ -158,7 +159,7 @@ async def arm(
     token; ``target`` 0 registers them without a TPOT room. ``steal`` False: the same
     requests at the same times through ordinary P/D instead (the static split's answer)."""
     await flush(c, pair)
-    before = await hook_stats(c, pair)
+    before = fluid_counters(await decode_snapshot(c, pair))
     bg = [
         asyncio.create_task(background(c, pair, room0 + k, ids, args.stream_new))
         for k, ids in enumerate(prompts["streams"])
@@ -183,7 +184,7 @@ async def arm(
     streams = await asyncio.gather(*bg)
     steals = await asyncio.gather(*st)
     snap = await decode_snapshot(c, pair)
-    after = dict(snap.get("fluid") or {})
+    after = fluid_counters(snap)
     return {
         "target": target,
         "streams": summarize(streams, target or 0.0),

@@ -885,24 +885,34 @@ def test_forced_steal_pins_the_split(beta: float, prefix: int) -> None:
     assert_decode_empty(d)
 
 
+def _stream_beside_a_ready_suffix(
+    out: int, step_at: float, prompt: int, out_s: int, suffix: int
+) -> tuple[Bus, Worker, Request, float]:
+    """A decode worker streaming request 0 (500-token prompt, ``out`` tokens; one decode step
+    at ``step_at``) and request 1 (``prompt`` tokens, ``out_s`` out), whose last ``suffix``
+    prompt tokens were stolen and whose prefix KV has landed: its suffix is ready to run."""
+    p, d = make("p", Role.PREFILL), make("d", Role.DECODE)
+    bus = Bus.of(p, d)
+    a = req(0, prompt=500, out=out)
+    bus.submit(a, p, d)
+    bus.run_prefill(p, 0.0)
+    bus.complete_handoffs(0.0)
+    now = bus.decode_step(d, step_at)
+    s = req(1, prompt=prompt, out=out_s)
+    s.prefill_worker = "p"
+    d.decode.add(s)
+    bus.pump()
+    d.decode.suffix_committed(1, suffix)
+    d.decode.handoff_done(1, prompt - suffix, now)
+    return bus, d, a, now
+
+
 def test_a_stolen_suffix_waits_while_its_own_stream_would_slow_a_running_one_past_tpot() -> None:
     """The suffix's extend fits a running stream's room, but the request it adds decodes
     beside that stream, each step slower by eq. (13)'s share of its context: counted, the
     suffix waits."""
-    p, d = make("p", Role.PREFILL), make("d", Role.DECODE)
-    bus = Bus.of(p, d)
-    a = req(0, prompt=500, out=40)
-    bus.submit(a, p, d)
-    bus.run_prefill(p, 0.0)
-    bus.complete_handoffs(0.0)
-    now = bus.decode_step(d, 0.0)
+    _, d, a, now = _stream_beside_a_ready_suffix(40, 0.0, 30_000, 40, 50)
     dec = d.decode
-    s = req(1, prompt=30_000, out=40)
-    s.prefill_worker = "p"
-    dec.add(s)
-    bus.pump()
-    dec.suffix_committed(1, 50)
-    dec.handoff_done(1, 29_950, now)
     extend = dec.suffix.time(50, 29_950)
     joined = (dec.decode.added(30_000), 40)
     n, ctx = len(dec.active), dec.context
@@ -937,21 +947,9 @@ def test_budget_peers_are_the_queued_requests_decode_workers_once_two_wait() -> 
 def test_a_stolen_suffix_waits_while_a_running_stream_has_no_tpot_room_for_it() -> None:
     """Eq. (15)'s allowance is per iteration; a stream of a few tokens whose gaps already
     used its TPOT budget cannot absorb a suffix iteration: the suffix waits for it to end."""
-    p, d = make("p", Role.PREFILL), make("d", Role.DECODE)
-    bus = Bus.of(p, d)
-    a = req(0, prompt=500, out=3)
-    bus.submit(a, p, d)
-    bus.run_prefill(p, 0.0)
-    bus.complete_handoffs(0.0)
     # Joined 40 ms after its first token: its two gaps may take 100 ms, 60 ms are gone, and
     # its last iteration with the suffix would take them past it.
-    now = bus.decode_step(d, 0.04)
-    s = req(1, prompt=800, out=4)
-    s.prefill_worker = "p"
-    d.decode.add(s)
-    bus.pump()
-    d.decode.suffix_committed(1, 300)
-    d.decode.handoff_done(1, 500, now)
+    bus, d, a, now = _stream_beside_a_ready_suffix(3, 0.04, 800, 4, 300)
     allow = FluidTokenConfig().eta * tpot_slack(SLO_.tpot, d.decode.decode, 1, d.decode.context)
     assert d.decode.suffix.time(300, 500) < allow  # eq. (15) alone would run it now
     b = d.next_batch(now)
