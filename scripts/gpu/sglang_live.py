@@ -11,10 +11,11 @@ three, in this order):
    with the predictive switch rule on the router's arrivals (``fluidpd controller --router
    --profile --ttft-slo --tpot-slo``).
 
-Sidecars and controller read one profile: profiles/llama-3.1-8b-h200.yaml (the 8B shape
-measured on the H200) with this deployment's KV pool (``--kv-tokens``), running cap
-(``--graph-bs``) and SGLang's Mooncake TCP bandwidth on this host (``--transfer-gbps``, 0.27
-measured in results/sglang/h200-pd-2026-12-02) put in; written to OUT/profile.yaml.
+Sidecars and controller read one profile: profiles/llama-3.1-8b-GPU.yaml (``--gpu``: the 8B
+shape measured on the H200 or the H100) with this deployment's KV pool (``--kv-tokens``),
+running cap (``--graph-bs``) and SGLang's Mooncake TCP bandwidth on this host
+(``--transfer-gbps``, 0.27 measured in results/sglang/h200-pd-2026-12-02) put in; written to
+OUT/profile.yaml.
 
 Same servers, same slice, same rate, one after the other; every SGLang radix cache is flushed
 between two runs. The slice (a CSV in the Azure
@@ -67,21 +68,21 @@ RUNS = ("static", "fluidtoken", "fluidpd")
 
 
 def live_profile(args: argparse.Namespace, out: Path) -> Path:
-    """The H200 8B profile with this deployment's KV pool, running cap and transfer speed."""
+    """The ``--gpu`` 8B profile with this deployment's KV pool, running cap and transfer speed."""
     import yaml  # noqa: PLC0415 - FluidPD's dependency, not the script's
 
     from fluidpd.core.profile import Profile  # noqa: PLC0415
 
-    src = Path(__file__).resolve().parents[2] / "profiles" / "llama-3.1-8b-h200.yaml"
+    src = Path(__file__).resolve().parents[2] / "profiles" / f"llama-3.1-8b-{args.gpu}.yaml"
     data = yaml.safe_load(src.read_text())
-    data["name"] = "llama-3.1-8b-h200-sglang-live"
+    data["name"] = f"llama-3.1-8b-{args.gpu}-sglang-live"
     data["kv"]["capacity_tokens"] = args.kv_tokens
     data["max_running_requests"] = args.graph_bs
     data["transfer"]["bandwidth_gb_per_s"] = args.transfer_gbps
     data["notes"] = (
         f"{data.get('notes', '')}\nsglang_live.py: {src.name} with this deployment's KV pool "
         f"({args.kv_tokens} tokens a worker), running cap ({args.graph_bs}) and SGLang's Mooncake "
-        f"TCP bandwidth on the H200 host ({args.transfer_gbps} GB/s, h200-pd-2026-12-02)."
+        f"TCP bandwidth ({args.transfer_gbps} GB/s; 0.27 on the H200 host, h200-pd-2026-12-02)."
     )
     Profile.model_validate(data)
     path = out / "profile.yaml"
@@ -269,7 +270,8 @@ def main() -> int:
     p.add_argument("--mps-prefill", type=int, default=50, help="MPS SM percentage, prefill")
     p.add_argument("--mps-decode", type=int, default=50, help="MPS SM percentage, decode")
     p.add_argument("--model-name", default="llama-3.1-8b-dummy", help="recorded in results")
-    p.add_argument("--gpu", default="h200", help="recorded in results")
+    p.add_argument("--gpu", default="h200", choices=("h200", "h100"),
+                   help="the profile sidecars and controller read; in results")  # fmt: skip
     p.add_argument("--rps", type=float, default=2.0)
     p.add_argument("--requests", type=int, default=80)
     p.add_argument("--context-limit", type=int, default=8192)

@@ -49,10 +49,15 @@ else
   echo "no MPS (MPS=${MPS:-auto}, nvidia-cuda-mps-control: $(command -v nvidia-cuda-mps-control || echo absent))" > "$OUT/mps.txt"
 fi
 cat "$OUT/mps.txt"
+# The profile follows the card the run got (the device tool lends H100s and H200s).
+case "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)" in
+  *H100*) GPU=h100 ;;
+  *) GPU=h200 ;;
+esac
 timeout -k 20 480 python3 scripts/gpu/sglang_live.py --out "$OUT" --python "$(command -v python3)" \
   --slice "$SLICE" --rps "${RPS:-2.5}" --requests "${N:-100}" --ttft-slo "${TTFT_SLO:-2}" \
   --tpot-slo "${TPOT_SLO:-0.05}" --runs ${RUNS:-static fluidtoken fluidpd} \
-  --prefill-window "${WINDOW:-4}" "${MPS_FLAG[@]}" || echo "live rc=$?"
+  --prefill-window "${WINDOW:-4}" --gpu "$GPU" "${MPS_FLAG[@]}" || echo "live rc=$?"
 if [ "$mps_started" = 1 ]; then
   [ -d /tmp/fluidpd-mps/log ] && tail -n 20 /tmp/fluidpd-mps/log/control.log >> "$OUT/mps.txt" 2>/dev/null
   echo quit | timeout 20 nvidia-cuda-mps-control
