@@ -1,5 +1,6 @@
-"""``scripts/gpu/sglang_live.py``'s profile, checked on CPU: the shipped H200 8B profile with the
-live deployment's KV pool, running cap and KV transfer speed put in, everything else as shipped."""
+"""``scripts/gpu/sglang_live.py``'s profile, checked on CPU: the shipped 8B profile of the card the
+run got (``--gpu``) with the live deployment's KV pool, running cap and KV transfer speed put in,
+everything else as shipped."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import argparse
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from fluidpd.core.profile import Profile
@@ -18,14 +20,16 @@ sys.path.insert(0, str(GPU))
 import sglang_live  # noqa: E402
 
 
-def test_live_profile_is_the_h200_profile_with_the_deployments_pool_cap_and_transfer(
-    tmp_path: Path,
+@pytest.mark.parametrize("gpu", ["h200", "h100"])
+def test_live_profile_is_the_cards_profile_with_the_deployments_pool_cap_and_transfer(
+    tmp_path: Path, gpu: str
 ) -> None:
-    args = argparse.Namespace(kv_tokens=65536, graph_bs=64, transfer_gbps=0.27)
+    args = argparse.Namespace(kv_tokens=65536, graph_bs=64, transfer_gbps=0.27, gpu=gpu)
     path = sglang_live.live_profile(args, tmp_path)
     assert path == tmp_path / "profile.yaml"
     live = Profile.model_validate(yaml.safe_load(path.read_text()))
-    shipped = resolve_profile("llama-3.1-8b", "h200", None)
+    shipped = resolve_profile("llama-3.1-8b", gpu, None)
+    assert live.name == f"llama-3.1-8b-{gpu}-sglang-live"
     assert live.kv.capacity_tokens == 65536
     assert live.max_running_requests == 64
     assert live.transfer.bandwidth_gb_per_s == 0.27
