@@ -65,6 +65,42 @@ from sglang_stack import (
 from fluidpd_sidecar.sglang.server import free_ports
 
 RUNS = ("static", "fluidtoken", "fluidpd")
+#: What one SGLang server holds beside its weights and KV pool (CUDA context, decode graphs,
+#: activation buffers), rounded up from the H200 runs' logs.
+SERVER_OVERHEAD_BYTES = 2 << 30
+
+
+def memory_needed(args: argparse.Namespace, bytes_per_token: int, servers: int = 4) -> int:
+    """Bytes of GPU memory the ``servers`` SGLang servers of the stack hold together: bf16
+    weights of the shape, each KV pool (``--kv-tokens``) and the overhead."""
+    from fluidpd_sidecar.gpu.config import resolve_shape  # noqa: PLC0415
+    from fluidpd_sidecar.gpu.factory import model_config  # noqa: PLC0415
+
+    cfg = model_config(None, args.model_dir) if args.model_dir else resolve_shape(args.shape)
+    weights = 2 * cfg.params()["total"]
+    return servers * (weights + args.kv_tokens * bytes_per_token + SERVER_OVERHEAD_BYTES)
+
+
+def fits_message(needed: int, total: int) -> str | None:
+    """Why the stack does not fit a card of ``total`` bytes, or None. Four 8B servers with
+    65,536-token pools need about 100 GiB: on an 80 GB H100 the third server to load found
+    no memory left for its KV pool after 84 s of device time (h100, 2026-12-06)."""
+    if needed <= total:
+        return None
+    return (
+        f"the four servers need {needed / 2**30:.1f} GiB (weights, --kv-tokens pools, "
+        f"{SERVER_OVERHEAD_BYTES / 2**30:.0f} GiB each beside), this card has "
+        f"{total / 2**30:.1f} GiB: lower --kv-tokens or use a larger card"
+    )
+
+
+def live_profile_data(args: argparse.Namespace) -> dict[str, Any]:
+    """The shipped ``--gpu`` 8B profile, as read."""
+    import yaml  # noqa: PLC0415 - FluidPD's dependency, not the script's
+
+    src = Path(__file__).resolve().parents[2] / "profiles" / f"llama-3.1-8b-{args.gpu}.yaml"
+    data: dict[str, Any] = yaml.safe_load(src.read_text())
+    return data
 
 
 def live_profile(args: argparse.Namespace, out: Path) -> Path:
@@ -73,14 +109,14 @@ def live_profile(args: argparse.Namespace, out: Path) -> Path:
 
     from fluidpd.core.profile import Profile  # noqa: PLC0415
 
-    src = Path(__file__).resolve().parents[2] / "profiles" / f"llama-3.1-8b-{args.gpu}.yaml"
-    data = yaml.safe_load(src.read_text())
+    data = live_profile_data(args)
+    src_name = f"llama-3.1-8b-{args.gpu}.yaml"
     data["name"] = f"llama-3.1-8b-{args.gpu}-sglang-live"
     data["kv"]["capacity_tokens"] = args.kv_tokens
     data["max_running_requests"] = args.graph_bs
     data["transfer"]["bandwidth_gb_per_s"] = args.transfer_gbps
     data["notes"] = (
-        f"{data.get('notes', '')}\nsglang_live.py: {src.name} with this deployment's KV pool "
+        f"{data.get('notes', '')}\nsglang_live.py: {src_name} with this deployment's KV pool "
         f"({args.kv_tokens} tokens a worker), running cap ({args.graph_bs}) and SGLang's Mooncake "
         f"TCP bandwidth ({args.transfer_gbps} GB/s; 0.27 on the H200 host, h200-pd-2026-12-02)."
     )
@@ -288,6 +324,13 @@ def main() -> int:
     p.add_argument("--sidecar-arg", action="append", default=[])
     p.add_argument("--controller-arg", action="append", default=[])
     args = p.parse_args()
+    if args.device.startswith("cuda"):
+        import torch  # noqa: PLC0415 - on the GPU machine only
+
+        per_token = int(live_profile_data(args)["kv"]["bytes_per_token"])
+        why = fits_message(memory_needed(args, per_token), torch.cuda.mem_get_info()[1])
+        if why:
+            p.error(f"--kv-tokens: {why}")
     term_as_interrupt()
     rep = asyncio.run(main_async(args))
     print({k: rep.get(k) for k in ("ready_s", "elapsed_s", "error")}, flush=True)

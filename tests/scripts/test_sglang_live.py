@@ -43,3 +43,19 @@ def test_live_profile_is_the_cards_profile_with_the_deployments_pool_cap_and_tra
 
 def test_runs_go_static_then_fluidtoken_then_fluidpd() -> None:
     assert sglang_live.RUNS == ("static", "fluidtoken", "fluidpd")
+
+
+def test_the_four_8b_servers_fit_the_h200_and_not_the_h100() -> None:
+    """The H100 start that failed on 2026-12-06: 81,559 MiB, four 8B servers with 65,536-token
+    pools; the H200 (143,771 MiB) ran them on 2026-12-02."""
+    args = argparse.Namespace(model_dir=None, shape="llama-3.1-8b", kv_tokens=65536)
+    per_token = sglang_live.live_profile_data(argparse.Namespace(gpu="h100"))["kv"]
+    needed = sglang_live.memory_needed(args, int(per_token["bytes_per_token"]))
+    assert 95 * 2**30 < needed < 105 * 2**30
+    why = sglang_live.fits_message(needed, 81559 * 2**20)
+    assert why is not None and "GiB" in why and "--kv-tokens" in why
+    assert sglang_live.fits_message(needed, 143771 * 2**20) is None
+    smaller = sglang_live.memory_needed(
+        argparse.Namespace(model_dir=None, shape="llama-3.1-8b", kv_tokens=4096), 131072
+    )
+    assert smaller < needed
