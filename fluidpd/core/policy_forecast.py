@@ -1133,6 +1133,19 @@ def worth_basis(
     load shifts back; the predictors compare the two phases' overloads too roughly to trade
     one for the other on the model's word alone.
 
+    Where the receiver's forecast rests on the model alone (``receiver_observed`` False: a
+    decode pool not yet settled), the donor must keep up at the peak by the margin too
+    (``donor_after < 1 / (1 + margin)``): a switch taken on the model's word should not also
+    put its donor at the edge, where the peak's own error decides. In a pool of 16, one worker
+    is an eighth of a phase, and the forecast found switches that left their donors just
+    inside capacity: 8P8D -> 7P9D of long generations of long prompts (Llama-3.1-8B/H200,
+    2 s TTFT) went 10 s into the trace with the seven prefill workers at 0.98 of the peak
+    rate, which the next seconds' arrivals passed (static 97.4 %, FluidPD 87.1 %; 98.4 %
+    with this check; `results/robustness/workers16/`). What it gives up: a switch whose
+    donor at the edge would have held. The P->D switch 9 s into Azure-mixed on
+    Qwen3-30B-A3B/A100 (4 workers, 3 s TTFT, 1.2x) left one prefill worker at 0.95 of the
+    peak and served 99.3 % where 2P2D serves 77.4 %; refused, FluidPD serves 2P2D's figure.
+
     Two exceptions need the observation's word too. Where the phase that would get the
     worker is observed saturated and the donor is not (``receiver_starved``), an overload
     may be traded (``overload_traded``). Where the split kept fails at the peak as well, a
@@ -1195,7 +1208,7 @@ def worth_basis(
         return None
     if (final and f.donor_tail > margin) or f.loses_beyond:
         return None
-    keeps_up = keeps_up_at_peak(f)
+    keeps_up = keeps_up_at_peak(f, 0.0 if f.receiver_observed else margin)
     if gain_clear(f, margin):
         if keeps_up:
             return WorthBasis.KEEPS_UP
@@ -1239,7 +1252,7 @@ def gain_clear(f: Forecast, margin: float) -> bool:
     )
 
 
-def donor_keeps_up(f: Forecast) -> bool:
+def donor_keeps_up(f: Forecast, margin: float = 0.0) -> bool:
     """Whether the donor phase carries the recent peak rate after the switch: its load ratio
     stays below 1 (``donor_after``), or, for a prefill pool that is past its TTFT capacity at
     that rate already (``donor_before >= 1``), its busy fraction does (``donor_busy_after``).
@@ -1250,8 +1263,11 @@ def donor_keeps_up(f: Forecast) -> bool:
     under a 2 s TTFT: a pool of six busy 13-40 % read 1.5-2.7). Past 1 there, the pool misses
     deadlines it misses with or without the worker, and the loss (``CapacityModel.loss``,
     prompt by prompt) weighs those misses against the decode pool's; a switch that leaves it
-    short of throughput still may not pass."""
-    return f.donor_after < 1.0 or (f.donor_before >= 1.0 and f.donor_busy_after < 1.0)
+    short of throughput still may not pass.
+
+    ``margin`` asks for that much room: a ratio below ``1 / (1 + margin)``."""
+    edge = 1.0 / (1.0 + margin)
+    return f.donor_after < edge or (f.donor_before >= 1.0 and f.donor_busy_after < edge)
 
 
 def overload_shared(f: Forecast, margin: float) -> bool:
@@ -1301,10 +1317,10 @@ def overload_shared(f: Forecast, margin: float) -> bool:
     )
 
 
-def keeps_up_at_peak(f: Forecast) -> bool:
-    """The donor carries the recent peak rate (``donor_keeps_up``) and the switch loses
-    nothing there beyond the noise (``Forecast.loses_at_peak``)."""
-    return donor_keeps_up(f) and not f.loses_at_peak
+def keeps_up_at_peak(f: Forecast, margin: float = 0.0) -> bool:
+    """The donor carries the recent peak rate (``donor_keeps_up``, by ``margin``) and the
+    switch loses nothing there beyond the noise (``Forecast.loses_at_peak``)."""
+    return donor_keeps_up(f, margin) and not f.loses_at_peak
 
 
 def overload_traded(f: Forecast, margin: float) -> bool:

@@ -595,6 +595,27 @@ def test_a_switch_that_would_overload_its_donor_at_the_peak_is_refused() -> None
     assert policy.last_forecast.donor_after >= 1.0
 
 
+def test_a_donor_near_capacity_at_the_peak_needs_the_receivers_own_reading() -> None:
+    # A P->D switch of long generations whose decode pool the model alone forecasts (not yet
+    # settled): taken with its prefill donor well within capacity at the peak ...
+    d = demand(6.0, 2000, 1500)
+    f = MODEL.forecast(
+        d, Split(5, 3), Role.PREFILL, CFG.horizon_s, True, None, 0.3, margin=CFG.gain_margin
+    )
+    assert not f.receiver_observed and f.donor_after < 0.5
+    assert worth_basis(f, CFG.gain_margin) is WorthBasis.KEEPS_UP
+    # ... refused with it inside the gain margin of capacity there (16 workers: 8P8D -> 7P9D
+    # with the seven prefill workers at 0.98 of the peak, static 97.4 %, FluidPD 87.1 %) ...
+    near = replace(f, donor_after=0.97)
+    assert donor_keeps_up(near) and not donor_keeps_up(near, CFG.gain_margin)
+    assert worth_basis(near, CFG.gain_margin) is None
+    # ... and taken once the decode pool's own reading backs the forecast.
+    observed = replace(near, receiver_observed=True)
+    assert worth_basis(observed, CFG.gain_margin) is WorthBasis.KEEPS_UP
+    # Past capacity at the peak, no reading makes it keep up.
+    assert worth_basis(replace(observed, donor_after=1.01), CFG.gain_margin) is None
+
+
 def test_few_arrivals_widen_the_rate_bounds() -> None:
     few, many = (Demand(10.0, 1000, 100, 0.1, n, True) for n in (25, 2500))
     assert few.low.rate < many.low.rate < 10.0 < many.burst.rate < few.burst.rate
