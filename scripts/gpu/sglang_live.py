@@ -73,18 +73,16 @@ SERVER_OVERHEAD_BYTES = 2 << 30
 def memory_needed(args: argparse.Namespace, bytes_per_token: int, servers: int = 4) -> int:
     """Bytes of GPU memory the ``servers`` SGLang servers of the stack hold together: bf16
     weights of the shape, each KV pool (``--kv-tokens``) and the overhead."""
-    from fluidpd_sidecar.gpu.config import resolve_shape  # noqa: PLC0415
     from fluidpd_sidecar.gpu.factory import model_config  # noqa: PLC0415
 
-    cfg = model_config(None, args.model_dir) if args.model_dir else resolve_shape(args.shape)
-    weights = 2 * cfg.params()["total"]
+    weights = 2 * model_config(args.shape, args.model_dir).params()["total"]
     return servers * (weights + args.kv_tokens * bytes_per_token + SERVER_OVERHEAD_BYTES)
 
 
 def fits_message(needed: int, total: int) -> str | None:
     """Why the stack does not fit a card of ``total`` bytes, or None. Four 8B servers with
-    65,536-token pools need about 100 GiB: on an 80 GB H100 the third server to load found
-    no memory left for its KV pool after 84 s of device time (h100, 2026-12-06)."""
+    65,536-token pools need about 100 GiB: on an 80 GB H100 a prefill server found no memory
+    left for its KV pool after 84 s of device time (h100-live-2026-12-06-nofit)."""
     if needed <= total:
         return None
     return (
@@ -94,12 +92,16 @@ def fits_message(needed: int, total: int) -> str | None:
     )
 
 
+def shipped_profile(args: argparse.Namespace) -> Path:
+    """The shipped 8B profile of ``--gpu``."""
+    return Path(__file__).resolve().parents[2] / "profiles" / f"llama-3.1-8b-{args.gpu}.yaml"
+
+
 def live_profile_data(args: argparse.Namespace) -> dict[str, Any]:
     """The shipped ``--gpu`` 8B profile, as read."""
     import yaml  # noqa: PLC0415 - FluidPD's dependency, not the script's
 
-    src = Path(__file__).resolve().parents[2] / "profiles" / f"llama-3.1-8b-{args.gpu}.yaml"
-    data: dict[str, Any] = yaml.safe_load(src.read_text())
+    data: dict[str, Any] = yaml.safe_load(shipped_profile(args).read_text())
     return data
 
 
@@ -110,15 +112,15 @@ def live_profile(args: argparse.Namespace, out: Path) -> Path:
     from fluidpd.core.profile import Profile  # noqa: PLC0415
 
     data = live_profile_data(args)
-    src_name = f"llama-3.1-8b-{args.gpu}.yaml"
     data["name"] = f"llama-3.1-8b-{args.gpu}-sglang-live"
     data["kv"]["capacity_tokens"] = args.kv_tokens
     data["max_running_requests"] = args.graph_bs
     data["transfer"]["bandwidth_gb_per_s"] = args.transfer_gbps
     data["notes"] = (
-        f"{data.get('notes', '')}\nsglang_live.py: {src_name} with this deployment's KV pool "
-        f"({args.kv_tokens} tokens a worker), running cap ({args.graph_bs}) and SGLang's Mooncake "
-        f"TCP bandwidth ({args.transfer_gbps} GB/s; 0.27 on the H200 host, h200-pd-2026-12-02)."
+        f"{data.get('notes', '')}\nsglang_live.py: {shipped_profile(args).name} with this "
+        f"deployment's KV pool ({args.kv_tokens} tokens a worker), running cap "
+        f"({args.graph_bs}) and SGLang's Mooncake TCP bandwidth ({args.transfer_gbps} GB/s; "
+        "0.27 on the H200 host, h200-pd-2026-12-02)."
     )
     Profile.model_validate(data)
     path = out / "profile.yaml"
