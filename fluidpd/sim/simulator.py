@@ -376,7 +376,7 @@ class Simulator:
         p, d = self.workers[p_id], self.workers[d_id]
         p.prefill.add(req)
         req.decode_worker = d_id
-        d.decode.add(req)
+        d.decode.add(req, self.now)
         self._flush(d)
         self._kick(p)
 

@@ -288,8 +288,36 @@ def test_decode_admission_blocks_when_kv_full_and_resumes() -> None:
     while 0 not in bus.finished:
         assert [m.rid for m in bus.reserved] == [0, 1]
         now = bus.decode_step(d, now)
-    assert [m.rid for m in bus.reserved] == [0, 1, 2]
+    assert [m.rid for m in bus.reserved][:3] == [0, 1, 2]
     assert not d.decode.prealloc
+
+
+def test_a_repaired_request_keeps_its_place_in_line() -> None:
+    # A P->D drain hands its queued requests back, and the router pairs them again after
+    # requests that arrived later are queued. The decode side admits in arrival order, so the
+    # re-paired one is not put behind them (a stress cell lost 115 requests that way); one
+    # already past its TTFT target goes to the back instead of making others late.
+    p, d = make("p", Role.PREFILL), make("d", Role.DECODE, profile(capacity=1000))
+    bus = Bus.of(p, d)
+    bus.submit(req(0, prompt=400, out=100, arrival=0.0), p, d)
+    bus.submit(req(1, prompt=400, out=100, arrival=0.1), p, d)
+    for rid, at in ((3, 0.3), (4, 0.4)):  # later arrivals, queued for KV
+        bus.submit(req(rid, prompt=400, out=100, arrival=at), p, d)
+    repaired = req(2, prompt=400, out=100, arrival=0.2)
+    p.prefill.add(repaired)
+    d.decode.add(repaired, now=0.2 + SLO_.ttft - 0.01)
+    late = req(5, prompt=400, out=100, arrival=0.25)
+    p.prefill.add(late)
+    d.decode.add(late, now=0.25 + SLO_.ttft + 0.01)
+    bus.pump()
+    assert [r.rid for r in d.decode.prealloc] == [2, 3, 4, 5]
+    now = 0.0
+    for _ in range(2):
+        bus.run_prefill(p, now)
+    bus.complete_handoffs(now)
+    while 0 not in bus.finished:
+        now = bus.decode_step(d, now)
+    assert [m.rid for m in bus.reserved][:3] == [0, 1, 2]
 
 
 def test_decode_admission_respects_max_running() -> None:

@@ -105,7 +105,7 @@ class Intake(Outbox):
             raise Conflict(f"request {half.rid} is already here")
         state = self._decode_state(half)
         self._add_decode_half(state)
-        self.worker.decode.add(state.req)
+        self.worker.decode.add(state.req, time.time())
         log_admitted(half)
         self._dispatch()
         self.wake()

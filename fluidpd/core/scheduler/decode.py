@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -27,6 +28,10 @@ from fluidpd.core.predictors import (
 from fluidpd.core.scheduler.messages import Finished, FirstToken, Message, Reroute, Reserved
 from fluidpd.core.signals import allocatable_kv, dpi_adm, dpi_load, kv_commitment
 from fluidpd.core.types import SLO, Request
+
+
+def _arrival(req: Request) -> float:
+    return req.arrival
 
 
 @dataclass(slots=True)
@@ -95,7 +100,7 @@ class DecodeSide:
     reserve_output_clip: int
     token_cfg: FluidTokenConfig
     outbox: list[Message]
-    #: Waiting for KV (SGLang's prealloc queue), FIFO.
+    #: Waiting for KV (SGLang's prealloc queue), in the clients' arrival order (``_enqueue``).
     prealloc: deque[Request] = field(default_factory=deque)
     #: KV reserved, hand-off not finished.
     reserved: dict[int, Request] = field(default_factory=dict)
@@ -154,14 +159,27 @@ class DecodeSide:
         tokens = self.suffix_of.pop(rid, 0)
         self.pending_suffix_tokens -= tokens
 
-    def add(self, req: Request) -> None:
-        """A request was paired with this worker: queue it for KV reservation."""
+    def add(self, req: Request, now: float | None = None) -> None:
+        """A request was paired with this worker (at ``now``, the clock of ``req.arrival``):
+        queue it for KV reservation."""
         req.decode_worker = self.worker_id
         self.intake.add(
             self.iteration, req.prompt_len, req.max_new_tokens, self.reserve_output_clip
         )
-        self.prealloc.append(req)
+        self._enqueue(req, now)
         self.admit()
+
+    def _enqueue(self, req: Request, now: float | None) -> None:
+        """Queue in the clients' arrival order: a request re-paired by a drain keeps its place
+        in line (as vLLM puts a preempted request back at the head of its queue) instead of
+        going behind everything that arrived after it. One already past its TTFT target goes
+        to the back: moving it ahead would make requests that can still meet theirs late."""
+        q = self.prealloc
+        late = now is not None and now > req.arrival + self.slo.ttft
+        if q and req.arrival < q[-1].arrival and not late:
+            q.insert(bisect_right(q, req.arrival, key=_arrival), req)
+        else:
+            q.append(req)
 
     def admit(self) -> None:
         """Reserve KV for queued requests in FIFO order while capacity lasts (SGLang prealloc)."""
