@@ -10,7 +10,9 @@
 # (MPS_P / MPS_D, default 50 each); otherwise without MPS (time-sliced), and live.json says
 # which. About 7 min (three replays). Output (<= 8 files): $OUT/live.json, results.json,
 # table.txt, logs.txt, install.txt, mps.txt, profile.yaml, DONE. RUNS (default "static
-# fluidtoken fluidpd") picks the runs, WINDOW (default 4) the sidecars' --sglang-prefill-window.
+# fluidtoken fluidpd") picks the runs, WINDOW (default 4) the sidecars' --sglang-prefill-window,
+# KV_TOKENS (default 65536) each worker's KV pool and MEM (default 0.8) its --mem-fraction-static
+# (sglang_live.py checks that the four servers fit the card before it starts them).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 . scripts/gpu/sglang_env.sh
@@ -57,7 +59,8 @@ esac
 timeout -k 20 480 python3 scripts/gpu/sglang_live.py --out "$OUT" --python "$(command -v python3)" \
   --slice "$SLICE" --rps "${RPS:-2.5}" --requests "${N:-100}" --ttft-slo "${TTFT_SLO:-2}" \
   --tpot-slo "${TPOT_SLO:-0.05}" --runs ${RUNS:-static fluidtoken fluidpd} \
-  --prefill-window "${WINDOW:-4}" --gpu "$GPU" "${MPS_FLAG[@]}" || echo "live rc=$?"
+  --prefill-window "${WINDOW:-4}" --kv-tokens "${KV_TOKENS:-65536}" --mem "${MEM:-0.8}" \
+  --gpu "$GPU" "${MPS_FLAG[@]}" || echo "live rc=$?"
 if [ "$mps_started" = 1 ]; then
   [ -d /tmp/fluidpd-mps/log ] && tail -n 20 /tmp/fluidpd-mps/log/control.log >> "$OUT/mps.txt" 2>/dev/null
   echo quit | timeout 20 nvidia-cuda-mps-control
