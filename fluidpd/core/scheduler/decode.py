@@ -7,6 +7,7 @@ from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 import numpy as np
 
@@ -28,10 +29,6 @@ from fluidpd.core.predictors import (
 from fluidpd.core.scheduler.messages import Finished, FirstToken, Message, Reroute, Reserved
 from fluidpd.core.signals import allocatable_kv, dpi_adm, dpi_load, kv_commitment
 from fluidpd.core.types import SLO, Request
-
-
-def _arrival(req: Request) -> float:
-    return req.arrival
 
 
 @dataclass(slots=True)
@@ -177,12 +174,12 @@ class DecodeSide:
         q = self.prealloc
         late = now is not None and now > req.arrival + self.slo.ttft
         if q and req.arrival < q[-1].arrival and not late:
-            q.insert(bisect_right(q, req.arrival, key=_arrival), req)
+            q.insert(bisect_right(q, req.arrival, key=attrgetter("arrival")), req)
         else:
             q.append(req)
 
     def admit(self) -> None:
-        """Reserve KV for queued requests in FIFO order while capacity lasts (SGLang prealloc)."""
+        """Reserve KV for queued requests in queue order while capacity lasts (SGLang prealloc)."""
         while self.admitting and self.prealloc:
             req = self.prealloc[0]
             if not self._hold(req):
