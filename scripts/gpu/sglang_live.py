@@ -326,9 +326,15 @@ def main() -> int:
     p.add_argument("--sidecar-arg", action="append", default=[])
     p.add_argument("--controller-arg", action="append", default=[])
     args = p.parse_args()
+    if args.kv_tokens < 1:
+        p.error(f"--kv-tokens: a pool of at least 1 token, not {args.kv_tokens}")
+    if not 0.0 < args.mem <= 1.0:
+        p.error(f"--mem: a fraction of the GPU's memory in (0, 1], not {args.mem:g}")
     if args.device.startswith("cuda"):
         import torch  # noqa: PLC0415 - on the GPU machine only
 
+        if not torch.cuda.is_available():
+            p.error(f"--device {args.device}: no CUDA device here (--device cpu runs on CPU)")
         per_token = int(live_profile_data(args)["kv"]["bytes_per_token"])
         why = fits_message(memory_needed(args, per_token), torch.cuda.mem_get_info()[1])
         if why:

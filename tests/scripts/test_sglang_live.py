@@ -59,3 +59,25 @@ def test_the_four_8b_servers_fit_the_h200_and_not_the_h100() -> None:
         argparse.Namespace(model_dir=None, shape="llama-3.1-8b", kv_tokens=4096), 131072
     )
     assert smaller < needed
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--kv-tokens", "-5"], "--kv-tokens: a pool of at least 1 token, not -5"),
+        (["--mem", "1.5"], "--mem: a fraction of the GPU's memory in (0, 1], not 1.5"),
+    ],
+)
+def test_a_bad_pool_or_memory_fraction_is_a_one_line_error(
+    extra: list[str],
+    message: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setattr(
+        sys, "argv", ["sglang_live.py", "--out", "/tmp/x", "--slice", "s.csv", *extra]
+    )
+    with pytest.raises(SystemExit) as exc:
+        sglang_live.main()
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"sglang_live.py: error: {message}"
