@@ -190,7 +190,10 @@ def classify(o: Outcome, kills: list[Kill]) -> str:
         if any(k.target == worker and o.start <= k.t <= o.end for k in kills):
             return DECODE_LOST
     cut = o.stream and o.first_token and ("Error" in o.error or "without [DONE]" in o.error)
-    if cut and any(k.target == "router" and o.first_token <= k.t <= o.end for k in kills):
+    # From the request's start, not its first token: the drill kills on the client's own
+    # event loop, so tokens the router sent before the kill may be read, and the first token
+    # stamped, only after it (a stream cut 0.1 s after a token stamped after the kill).
+    if cut and any(k.target == "router" and o.start <= k.t <= o.end for k in kills):
         return ROUTER_CUT
     return UNEXPLAINED
 
