@@ -192,7 +192,7 @@ def classify(o: Outcome, kills: list[Kill]) -> str:
     cut = o.stream and o.first_token and ("Error" in o.error or "without [DONE]" in o.error)
     # From the request's start, not its first token: the drill kills on the client's own
     # event loop, so tokens the router sent before the kill may be read, and the first token
-    # stamped, only after it (a stream cut 0.1 s after a token stamped after the kill).
+    # stamped, only after it.
     if cut and any(k.target == "router" and o.start <= k.t <= o.end for k in kills):
         return ROUTER_CUT
     return UNEXPLAINED
