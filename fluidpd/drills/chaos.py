@@ -182,18 +182,20 @@ def _up_again(name: str, workers: dict[str, str], endpoint: str, metrics: str | 
 _LOST = re.compile(r"decode worker (\S+) was lost mid-stream")
 
 
+def _killed_during(o: Outcome, target: str, kills: list[Kill]) -> bool:
+    """``target`` was killed while the request ran. From its start, also for a stream cut
+    after its first token: the drill kills on the client's own event loop, so tokens the
+    router sent before the kill may be read, and the first token stamped, only after it."""
+    return any(k.target == target and o.start <= k.t <= o.end for k in kills)
+
+
 def classify(o: Outcome, kills: list[Kill]) -> str:
     """The cause of a failed request (see the module's docstring)."""
     lost = _LOST.search(o.error)
-    if lost:
-        worker = lost.group(1)
-        if any(k.target == worker and o.start <= k.t <= o.end for k in kills):
-            return DECODE_LOST
+    if lost and _killed_during(o, lost.group(1), kills):
+        return DECODE_LOST
     cut = o.stream and o.first_token and ("Error" in o.error or "without [DONE]" in o.error)
-    # From the request's start, not its first token: the drill kills on the client's own
-    # event loop, so tokens the router sent before the kill may be read, and the first token
-    # stamped, only after it.
-    if cut and any(k.target == "router" and o.start <= k.t <= o.end for k in kills):
+    if cut and _killed_during(o, "router", kills):
         return ROUTER_CUT
     return UNEXPLAINED
 
