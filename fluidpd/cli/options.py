@@ -71,6 +71,14 @@ def non_negative_int(text: str) -> int:
     return int(_number(text, int, allow_zero=True))
 
 
+def mem_fraction(text: str) -> float:
+    """A share of the GPU's memory, in (0, 1] (SGLang's --mem-fraction-static)."""
+    value = positive_float(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text!r}")
+    return value
+
+
 def port_number(text: str) -> int:
     """A TCP port, 0-65535 (0: any free port, where an option allows it)."""
     value = non_negative_int(text)

@@ -21,6 +21,7 @@ from fluidpd.cli.options import (
     check_gpu_devices,
     configure_logging,
     load_model_dir_option,
+    mem_fraction,
     positive_float,
     positive_int,
     serve_http,
@@ -104,13 +105,6 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(func=run)
 
 
-def _mem_fraction(text: str) -> float:
-    value = positive_float(text)
-    if value > 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text!r}")
-    return value
-
-
 def add_sglang_options(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("sglang engine (--engine sglang; also --model-dir, --device)")
     g.add_argument(
@@ -122,7 +116,7 @@ def add_sglang_options(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--mem-fraction",
-        type=_mem_fraction,
+        type=mem_fraction,
         default=None,
         help="SGLang's --mem-fraction-static (share of the GPU for weights and KV; default: "
         "SGLang's own)",

@@ -62,6 +62,7 @@ from sglang_stack import (
     write_json,
 )
 
+from fluidpd.cli.options import mem_fraction, positive_int
 from fluidpd_sidecar.sglang.server import free_ports
 
 RUNS = ("static", "fluidtoken", "fluidpd")
@@ -301,8 +302,10 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_stack_args(p, work="/tmp/sgl-live", start_timeout=200.0)
     p.add_argument("--slice", required=True, help="Azure-format CSV (sglang_slice.py)")
-    p.add_argument("--mem", type=float, default=0.8)
-    p.add_argument("--kv-tokens", type=int, default=65536, help="each worker's KV pool cap")
+    p.add_argument("--mem", type=mem_fraction, default=0.8)
+    p.add_argument(
+        "--kv-tokens", type=positive_int, default=65536, help="each worker's KV pool cap"
+    )
     p.add_argument("--graph-bs", type=int, default=64, help="decode graph and running cap")
     p.add_argument("--mps", action="store_true", help="CUDA MPS is running (sglang_live.sh)")
     p.add_argument("--mps-prefill", type=int, default=50, help="MPS SM percentage, prefill")
@@ -326,10 +329,6 @@ def main() -> int:
     p.add_argument("--sidecar-arg", action="append", default=[])
     p.add_argument("--controller-arg", action="append", default=[])
     args = p.parse_args()
-    if args.kv_tokens < 1:
-        p.error(f"--kv-tokens: a pool of at least 1 token, not {args.kv_tokens}")
-    if not 0.0 < args.mem <= 1.0:
-        p.error(f"--mem: a fraction of the GPU's memory in (0, 1], not {args.mem:g}")
     if args.device.startswith("cuda"):
         import torch  # noqa: PLC0415 - on the GPU machine only
 

@@ -64,8 +64,8 @@ def test_the_four_8b_servers_fit_the_h200_and_not_the_h100() -> None:
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--kv-tokens", "-5"], "--kv-tokens: a pool of at least 1 token, not -5"),
-        (["--mem", "1.5"], "--mem: a fraction of the GPU's memory in (0, 1], not 1.5"),
+        (["--kv-tokens", "-5"], "argument --kv-tokens: must be positive, got '-5'"),
+        (["--mem", "1.5"], "argument --mem: must be in (0, 1], got '1.5'"),
     ],
 )
 def test_a_bad_pool_or_memory_fraction_is_a_one_line_error(
