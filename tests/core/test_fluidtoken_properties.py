@@ -794,9 +794,14 @@ def test_a_suffix_within_the_stream_room_keeps_every_stream_within_tpot(
     def over(extra: float, elapsed: float, out: int, n: int) -> float:
         return (elapsed + stretch * (extra + max(1, n - out) * t)) / (n - 1) - slo
 
-    savable = [s for s in streams if over(0.0, *s) <= 1e-12]
+    # A stream at its edge to within rounding may be counted (no room) or given up: hypothesis
+    # found one whose budget the room's arithmetic put a rounding error below its need.
+    at_edge = any(abs(over(0.0, *s)) <= 1e-9 for s in streams)
+    savable = [s for s in streams if over(0.0, *s) < -1e-9]
     if not savable:
-        assert room == math.inf
+        assert room == math.inf or (at_edge and room <= 1e-9)
+        return
+    if at_edge and room <= 1e-9:
         return
     worst = max(over(room, *s) for s in savable)
     assert worst == pytest.approx(0.0, abs=1e-9)
