@@ -56,7 +56,10 @@ from fluidpd.sim.workloads import Workload
 MAX_SPAN = 4096
 
 # Event kinds (ints keep heap tuples cheap to compare).
-_ARRIVE, _BATCH_DONE, _HANDOFF_DONE, _MIGRATE_DONE, _SWITCH_DONE, _CONTROL, _SCALE_READY = range(7)
+(
+    _ARRIVE, _BATCH_DONE, _HANDOFF_DONE, _MIGRATE_DONE, _SWITCH_DONE, _CONTROL, _SCALE_READY,
+    _BOOKING_DUE,
+) = range(8)  # fmt: skip
 
 
 class SimulationError(RuntimeError):
@@ -406,12 +409,15 @@ class Simulator:
         """Drain mode ``migrate``: move active requests with their KV to other decode workers."""
         d = w.decode
         peers = [self.workers[x].decode.room(x) for x in self.pool(Role.DECODE)]
-        for rid, peer in plan_migration(d.migrants(self._transfer.time), peers, d.step_s()):
+        plan = plan_migration(d.migrants(self._transfer.time), peers, d.step_s())
+        for rid, peer in plan.asks:
             t = self.workers[peer]
-            if t.decode.adopt(d.active[rid].req, d.active[rid].generated(d.iteration)):
+            if t.decode.adopt(d.active[rid].req, d.active[rid].generated(d.iteration), self.now):
                 req, generated = d.detach(rid)
                 nbytes = d.migration_bytes(req, generated)
                 self._push(self.now + self._transfer.time(nbytes), _MIGRATE_DONE, rid, t)
+            else:  # booked: when it lapses unrenewed, the peer's admission resumes
+                self._push(t.decode.bookings[rid][1], _BOOKING_DUE, None, t)
         self._flush(w)
 
     # -- FluidRole ------------------------------------------------------------------------------
@@ -555,6 +561,11 @@ class Simulator:
                 self._interrupt(b)
                 b.decode.activate(a)
                 self._kick(b)
+            elif kind == _BOOKING_DUE:
+                assert isinstance(b, Worker)
+                if b.decode.expire_bookings(t):
+                    self._flush(b)
+                    self._kick(b)
             elif kind == _SWITCH_DONE:
                 assert isinstance(a, str)
                 self._switch_done(a)

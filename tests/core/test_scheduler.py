@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 import fluidpd
 from fluidpd.core.fluidtoken import FluidTokenConfig, plan_stealing, tpot_slack
+from fluidpd.core.migration import BOOKING_TTL_S
 from fluidpd.core.profile import Profile
 from fluidpd.core.scheduler.decode import DecodeBatch
 from fluidpd.core.scheduler.messages import (
@@ -537,7 +538,7 @@ def test_detach_adopt_activate_between_iterations() -> None:
     assert_decode_empty(src)
     assert src.decode.migration_bytes(a, generated) == (300 + 4) * BASE.kv.bytes_per_token
     before = dst.decode.committed
-    assert dst.decode.adopt(a, generated)
+    assert dst.decode.adopt(a, generated, 1.0)
     assert dst.decode.committed == before + committed_a
     assert a.decode_worker == "dst"
     dst.decode.activate(0)
@@ -555,17 +556,72 @@ def test_adopt_refuses_when_kv_does_not_fit() -> None:
     dst = make("dst", Role.DECODE, profile(capacity=500))
     r = req(5, 480, 40)  # commitment min(capacity, 480 + 40) = 500: fills the worker
     big = req(6, 600, 40)
-    assert dst.decode.adopt(r, 3)
+    assert dst.decode.adopt(r, 3, 0.0)
     committed = dst.decode.committed
-    assert not dst.decode.adopt(big, 3)
+    assert not dst.decode.adopt(big, 3, 0.0)
     assert dst.decode.committed == committed
     assert 6 not in dst.decode.migrating_in
+
+
+def _full_decoder_with_a_queued_request() -> tuple[Bus, Worker, Worker]:
+    """A decode worker whose KV two running requests fill (403 and 500 of its 1,000 tokens;
+    the first finishes in 3 iterations), with a third (500) queued for KV behind them."""
+    p, d = make("p", Role.PREFILL), make("d", Role.DECODE, profile(capacity=1000))
+    bus = Bus.of(p, d)
+    for i in range(3):
+        bus.submit(req(i, prompt=400, out=100 if i else 3), p, d)
+    for _ in range(2):
+        bus.run_prefill(p, 0.0)
+    bus.complete_handoffs(0.0)
+    assert [r.rid for r in d.decode.prealloc] == [2]
+    return bus, p, d
+
+
+def test_a_refused_adoption_books_room_ahead_of_new_requests() -> None:
+    """A stream a draining peer could not move here yet is booked: the KV freed next goes to
+    it, not to the request queued for KV, while its source keeps asking."""
+    bus, _, d = _full_decoder_with_a_queued_request()
+    migrant = req(9, prompt=400, out=100)
+    now = 0.0
+    while 0 not in bus.finished:
+        assert not d.decode.adopt(migrant, 5, now)  # refused: booked (renewed each round)
+        assert d.decode.bookings[9][0] == 500
+        now = bus.decode_step(d, now)
+    # r0's KV is free and r2 would fit, but the room is the migrant's: r2 still waits.
+    assert d.decode.committed == 500
+    assert [r.rid for r in d.decode.prealloc] == [2]
+    assert d.decode.adopt(migrant, 5, now)
+    assert 9 in d.decode.migrating_in and not d.decode.bookings
+    assert [r.rid for r in d.decode.prealloc] == [2]
+
+
+def test_a_booking_not_renewed_lapses_and_admission_resumes() -> None:
+    bus, _, d = _full_decoder_with_a_queued_request()
+    assert not d.decode.adopt(req(9, prompt=400, out=100), 5, 0.0)
+    assert d.decode.next_booking_expiry() == pytest.approx(BOOKING_TTL_S)
+    now = 0.0
+    while 0 not in bus.finished:
+        now = bus.decode_step(d, now)
+    assert now < BOOKING_TTL_S  # r0 finished while the booking held
+    assert [r.rid for r in d.decode.prealloc] == [2]
+    assert d.decode.expire_bookings(now) is False
+    assert d.decode.expire_bookings(BOOKING_TTL_S)
+    bus.pump()
+    assert not d.decode.prealloc and 2 in {m.rid for m in bus.reserved}
+    assert d.decode.next_booking_expiry() is None
+
+
+def test_a_draining_worker_keeps_no_bookings() -> None:
+    _, _, d = _full_decoder_with_a_queued_request()
+    assert not d.decode.adopt(req(9, prompt=400, out=100), 5, 0.0)
+    d.begin_switch(Role.PREFILL, 0.0, DrainMode.MIGRATE)
+    assert not d.decode.bookings and d.decode.next_booking_expiry() is None
 
 
 def test_activate_during_running_iteration_keeps_accounting() -> None:
     bus, _, src, dst, (a, _b) = _two_decoders_with_active()
     req_a, generated = src.decode.detach(0)
-    assert dst.decode.adopt(req_a, generated)
+    assert dst.decode.adopt(req_a, generated, 1.0)
     b = dst.next_batch(1.0)  # dst is mid-iteration when the migrated KV lands
     assert isinstance(b, DecodeBatch)
     dst.decode.activate(0)

@@ -19,7 +19,7 @@ from fluidpd.core.fluidtoken import (
     stream_tpot_room,
     tpot_slack,
 )
-from fluidpd.core.migration import Migrant, Peer
+from fluidpd.core.migration import BOOKING_TTL_S, Migrant, Peer
 from fluidpd.core.predictors import (
     DecodeIterPredictor,
     FloatArray,
@@ -126,6 +126,9 @@ class DecodeSide:
     bank: float = 0.0
     admitting: bool = True
     migrate_on_drain: bool = False
+    #: Room kept for streams a draining peer could not move here yet: rid -> (KV tokens, when
+    #: the booking lapses). Admission leaves it free, so they come ahead of new requests.
+    bookings: dict[int, tuple[int, float]] = field(default_factory=dict)
     stolen_tokens: int = 0
     #: The requests handed to this worker, for the edge of its KV admission (FluidToken).
     intake: KvIntake = field(default_factory=KvIntake)
@@ -164,6 +167,8 @@ class DecodeSide:
             self.iteration, req.prompt_len, req.max_new_tokens, self.reserve_output_clip
         )
         self._enqueue(req, now)
+        if now is not None and self.bookings:
+            self.expire_bookings(now)
         self.admit()
 
     def _enqueue(self, req: Request, now: float | None) -> None:
@@ -178,10 +183,21 @@ class DecodeSide:
         else:
             q.append(req)
 
+    def _clear_of_bookings(self, req: Request) -> bool:
+        """Holding ``req`` leaves the booked KV and slots free."""
+        booked = sum(tokens for tokens, _ in self.bookings.values())
+        return (
+            self.held + 1 + len(self.bookings) <= self.max_running
+            and self.committed + self.commitment(req) + booked <= self.kv_capacity
+        )
+
     def admit(self) -> None:
-        """Reserve KV for queued requests in queue order while capacity lasts (SGLang prealloc)."""
+        """Reserve KV for queued requests in queue order while capacity lasts (SGLang prealloc),
+        less the room booked for streams migrating in."""
         while self.admitting and self.prealloc:
             req = self.prealloc[0]
+            if self.bookings and not self._clear_of_bookings(req):
+                return
             if not self._hold(req):
                 return
             self.prealloc.popleft()
@@ -245,6 +261,8 @@ class DecodeSide:
         drain) first calls :meth:`split` and :meth:`truncate`."""
         if self.running is not None:
             return None
+        if self.bookings:
+            self.expire_bookings(now)
         for req, generated in self.joining:
             self._join(req, generated)
         self.joining.clear()
@@ -442,13 +460,30 @@ class DecodeSide:
         self._release(rid)
         return slot.req, generated
 
-    def adopt(self, req: Request, generated: int) -> bool:
-        """Reserve KV for a request migrating in; False if it does not fit."""
+    def adopt(self, req: Request, generated: int, now: float) -> bool:
+        """Reserve KV for a request migrating in; False if it does not fit, and then its room is
+        booked until ``now`` + ``BOOKING_TTL_S`` (``fluidpd.core.migration``)."""
+        self.bookings.pop(req.rid, None)
         if not self._hold(req):
+            self.bookings[req.rid] = (self.commitment(req), now + BOOKING_TTL_S)
             return False
         req.decode_worker = self.worker_id
         self.migrating_in[req.rid] = (req, generated)
         return True
+
+    def expire_bookings(self, now: float) -> bool:
+        """Drop the bookings not renewed by ``now`` and admit what they held back; True if any
+        lapsed."""
+        lapsed = [rid for rid, (_, until) in self.bookings.items() if until <= now]
+        for rid in lapsed:
+            del self.bookings[rid]
+        if lapsed:
+            self.admit()
+        return bool(lapsed)
+
+    def next_booking_expiry(self) -> float | None:
+        """When the first booking lapses (a harness wakes then: admission may resume)."""
+        return min((until for _, until in self.bookings.values()), default=None)
 
     def activate(self, rid: int) -> None:
         """The migrated KV has arrived: the request joins at the next iteration boundary."""
@@ -481,9 +516,11 @@ class DecodeSide:
 
     # -- FluidRole ----------------------------------------------------------------------------
     def begin_drain(self, migrate: bool) -> None:
-        """D->P drain: stop admitting; not-yet-reserved requests go back for re-pairing."""
+        """D->P drain: stop admitting; not-yet-reserved requests go back for re-pairing. Room
+        booked for peers' streams goes too: a draining worker adopts nothing."""
         self.admitting = False
         self.migrate_on_drain = migrate
+        self.bookings.clear()
         for req in self.prealloc:
             self.outbox.append(Reroute(req, self.worker_id))
         self.prealloc.clear()
