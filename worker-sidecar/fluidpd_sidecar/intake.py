@@ -83,9 +83,18 @@ class Intake(Outbox):
         if self.worker.prefill.reserved(body.rid, body.t):
             self.wake()
 
-    def _decode_state(self, half: DecodeHalf, output_ids: list[int] | None = None) -> DecodeState:
+    @staticmethod
+    def _request_of(half: DecodeHalf) -> Request:
         req = Request(half.rid, half.arrival, half.prompt_len, half.max_new_tokens)
         req.prefill_worker = half.prefill_worker
+        return req
+
+    def _decode_state(
+        self, half: DecodeHalf, output_ids: list[int] | None = None, req: Request | None = None
+    ) -> DecodeState:
+        """The decode half's state; the engine admits it (``req``: the core's request for it,
+        when the core holds KV for it already)."""
+        req = req or self._request_of(half)
         stream = OutputStream(self.text, half.sampling, self.cfg.model.eos_token_ids)
         try:
             self.engine.admit(half.rid, half.prompt_ids, half.sampling, output_ids or ())

@@ -68,11 +68,18 @@ class Migration(Intake):
             raise BadRequest(f"output_ids: token ids must be in [0, {vocab})")
         if half.rid in self.decode_halves or half.rid in self._unclaimed:
             raise Conflict(f"request {half.rid} is already here")
-        state = self._decode_state(half, body.output_ids)
-        state.req.first_token_t = body.first_token_t
-        if not self.worker.decode.adopt(state.req, body.generated):
-            self.engine.release(half.rid)
-            raise Conflict(f"no KV room for request {half.rid}")
+        # The core first: a refusal books room for the request (it comes back next round of
+        # its source's drain), before the engine admits anything.
+        req = self._request_of(half)
+        req.first_token_t = body.first_token_t
+        if not self.worker.decode.adopt(req, body.generated, time.time()):
+            self.wake()  # the scheduler sleeps until the booking lapses, not forever
+            raise Conflict(f"no KV room for request {half.rid} now (room booked for it)")
+        try:
+            state = self._decode_state(half, body.output_ids, req)
+        except BadRequest:
+            self.worker.decode.cancel(half.rid)
+            raise
         if self._moves_kv and not (body.kv_pull and self._pulls_kv):
             tokens = half.prompt_len + body.generated - 1
             state.dest = self.transfer.reserve(self.engine.kv_wire_bytes(tokens))
@@ -150,10 +157,10 @@ class Migration(Intake):
         move_s = self.cfg.profile.transfer_model().time
         plan = plan_migration(d.migrants(move_s), await self._peer_room(), d.step_s(), self._barred)
         report = self._drain_report
-        if plan:
+        if plan.asks:
             report.rounds += 1
         moves: list[tuple[int, str, DecodeState, Adopt]] = []
-        for rid, target in plan:
+        for rid, target in plan.asks:
             half = self.decode_halves.get(rid)
             slot = d.active.get(rid)
             if half is None or slot is None or d.running is not None:
@@ -193,6 +200,8 @@ class Migration(Intake):
                     # of the drain. It finishes here unless another peer takes it.
                     self._barred.add((rid, target))
                     log.warning("migration of %d to %s refused for good: %s", rid, target, answer)
+                elif (rid, target) in plan.bookings:  # expected: the refusal books room
+                    log.debug("migration of %d to %s booked: %s", rid, target, answer)
                 else:
                     log.info("migration of %d to %s refused: %s", rid, target, answer)
                 continue

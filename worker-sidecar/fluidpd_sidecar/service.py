@@ -90,7 +90,8 @@ class SidecarService(Roles):
                 self._dispatch()
                 if batch is None:
                     self._wake.clear()
-                    await self._wake.wait()
+                    booked = w.decode.next_booking_expiry() if w.role is Role.DECODE else None
+                    await self._sleep(booked)
                     continue
                 if isinstance(batch, PrefillBatch):
                     measured = await self.engine.prefill(batch)
@@ -111,6 +112,15 @@ class SidecarService(Roles):
             except Exception:  # a bug must not silently stop the worker; log and go on
                 log.exception("scheduler iteration failed")
                 await asyncio.sleep(0.01)
+
+    async def _sleep(self, until: float | None) -> None:
+        """Until woken, or until ``until`` (a booking lapses: the next pass admits what it
+        held back; ``next_batch`` drops it)."""
+        if until is None:
+            await self._wake.wait()
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), max(0.0, until - time.time()))
 
     def _budget_source(self, decode_ids: Sequence[str]) -> np.ndarray:
         return np.array([self.budgets.get(d, 0.0) for d in decode_ids], dtype=np.float64)
