@@ -35,7 +35,9 @@ from fluidpd.replay.results import (
     build_output,
     load_previous,
     load_series,
+    requests_path,
     write_replay_results,
+    write_request_log,
 )
 from fluidpd.sim.policies import POLICY_NAMES
 from fluidpd.sim.report import report_text, series_key
@@ -318,6 +320,7 @@ def run(args: argparse.Namespace) -> int:
         output.record["not_sent"] = total - result.offered
     started = time.perf_counter()
     path = write_replay_results(out_dir, previous, previous_command, output)
+    write_request_log(requests_path(out_dir, output.record), result.outcomes)
     records = [*previous, output.record]
     if not args.no_plots:
         _plots(out_dir, records, output.series, workload, args)

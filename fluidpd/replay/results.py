@@ -5,7 +5,8 @@ The replayed requests become :class:`fluidpd.core.types.Request` objects so that
 record from either command can be tabulated and plotted by the same code.
 
 A results directory accumulates replays: when ``DIR/results.json`` already exists, the new record
-is appended to its ``runs`` (time series of earlier runs stay in ``DIR/timeseries/``), so
+is appended to its ``runs`` (time series of earlier runs stay in ``DIR/timeseries/``, and each
+run's per-request log in ``DIR/requests/``), so
 ``--label static`` and ``--label fluidpd`` replays of one workload land in one file and one set of
 plots. Re-running a label at the same rate adds another record (plots average such repeats).
 """
@@ -38,9 +39,12 @@ __all__ = [
     "error_histogram",
     "load_previous",
     "load_series",
+    "request_rows",
+    "requests_path",
     "series_path",
     "to_requests",
     "write_replay_results",
+    "write_request_log",
 ]
 
 RESULTS_FILE = "results.json"
@@ -287,11 +291,56 @@ def load_previous(out_dir: Path) -> tuple[list[dict[str, Any]], str]:
     return runs, command if isinstance(command, str) else ""
 
 
+def _run_file(out_dir: Path, folder: str, record: Mapping[str, Any], suffix: str) -> Path:
+    workload, rps, policy = series_key(record)
+    return out_dir / folder / f"{slug(Path(workload).stem)}_{rps:g}rps_{policy}{suffix}"
+
+
 def series_path(out_dir: Path, record: Mapping[str, Any]) -> Path:
     """Where :func:`fluidpd.sim.report.write_results` puts a run's time series (same naming, so
     its private slug helper is reused rather than copied)."""
-    workload, rps, policy = series_key(record)
-    return out_dir / "timeseries" / f"{slug(Path(workload).stem)}_{rps:g}rps_{policy}.json"
+    return _run_file(out_dir, "timeseries", record, ".json")
+
+
+def requests_path(out_dir: Path, record: Mapping[str, Any]) -> Path:
+    """Where a replay's per-request log goes, named like its time series."""
+    return _run_file(out_dir, "requests", record, ".jsonl")
+
+
+def _ms(start: float, end: float) -> float | None:
+    return None if math.isnan(start) or math.isnan(end) else round(1e3 * (end - start), 3)
+
+
+def request_rows(outcomes: Sequence[Outcome]) -> list[dict[str, Any]]:
+    """One row per request, in workload order (as sglang.bench_serving's ``--output-details``
+    and vLLM's ``--save-detailed``): when it was due, sent, first token and finished (seconds
+    since the replay start; None if it never happened), TTFT and mean TPOT (ms), lengths, and
+    the error of a failed one. The aggregate records hide how a distribution moved."""
+    rows = []
+    for o in outcomes:
+        tpot = None
+        if o.output_tokens > 1 and not (math.isnan(o.first_token) or math.isnan(o.finish)):
+            tpot = round(1e3 * (o.finish - o.first_token) / (o.output_tokens - 1), 3)
+        rows.append(
+            {
+                "i": o.index,
+                "scheduled_s": round(o.scheduled, 6),
+                "sent_s": None if math.isnan(o.sent) else round(o.sent, 6),
+                "ttft_ms": _ms(o.scheduled, o.first_token),  # as the run's metrics count it
+                "tpot_ms": tpot,
+                "e2e_ms": _ms(o.scheduled, o.finish),
+                "prompt_len": o.prompt_len,
+                "max_tokens": o.max_tokens,
+                "output_tokens": o.output_tokens,
+                "error": o.error,
+            }
+        )
+    return rows
+
+
+def write_request_log(path: Path, outcomes: Sequence[Outcome]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in request_rows(outcomes)))
 
 
 def load_series(out_dir: Path, record: Mapping[str, Any]) -> dict[str, Any]:

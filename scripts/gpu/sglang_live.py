@@ -22,8 +22,8 @@ between two runs. The slice (a CSV in the Azure
 columns, made here by sglang_slice.py from shared/data/traces) travels in .sglwhl/slice.
 Optional CUDA MPS (set up by sglang_live.sh): each worker's SGLang process gets
 CUDA_MPS_ACTIVE_THREAD_PERCENTAGE. Writes OUT/live.json (progress, attainment, the router's
-switch stats, each worker's /pressure after each run), OUT/results.json (replay's runs) and
-OUT/table.txt (``fluidpd summary``).
+switch stats, each worker's /pressure after each run, each run's per-request log),
+OUT/results.json (replay's runs) and OUT/table.txt (``fluidpd summary``).
 
 usage: python3 scripts/gpu/sglang_live.py --out $OUT --slice .sglwhl/slice/azure-mixed-slice.csv
 """
@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import random
 import shutil
@@ -294,6 +295,12 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             rep["table"] = summary.stdout
             (out / "table.txt").write_text(summary.stdout + summary.stderr)
             print(summary.stdout, flush=True)
+        # Each run's per-request log (replay's DIR/requests/), inside live.json: the machine
+        # returns a few files a call, and one run's attainment hides how its TTFTs moved.
+        rep["requests"] = {
+            f.stem: [json.loads(line) for line in f.read_text().splitlines() if line]
+            for f in sorted((replay_out / "requests").glob("*.jsonl"))
+        }
         write_json(out / "live.json", rep)
     return rep
 

@@ -13,6 +13,7 @@ import asyncio
 import json
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -35,7 +36,7 @@ from fluidpd.cli.errors import UserError  # noqa: E402
 from fluidpd.cli.main import _Parser  # noqa: E402
 from fluidpd.replay.client import _on_stop_signals  # noqa: E402
 from fluidpd.replay.prompts import prompt_ids  # noqa: E402
-from fluidpd.replay.results import series_path  # noqa: E402
+from fluidpd.replay.results import requests_path, series_path  # noqa: E402
 from fluidpd.sim.workloads import WorkloadError  # noqa: E402
 
 MODEL_ID = "fake-model"
@@ -258,6 +259,15 @@ def test_ttft_tpot_lengths_and_request_body(fake: FakeServer, tmp_path: Path) ->
     assert rec["policy"] == "replay" and rec["model"] == "unknown"
     assert rec["role_switches"] == [] and rec["stolen_tokens"] == 0  # no /admin/stats
     assert rec["endpoint"] == fake.url and rec["window_attainment"] == {"all": 1.0}
+    # The per-request log: one row per request in workload order, whose TTFTs are the run's.
+    rows = [json.loads(x) for x in requests_path(tmp_path / "out", rec).read_text().splitlines()]
+    assert [r["i"] for r in rows] == list(range(5))
+    assert [(r["prompt_len"], r["output_tokens"]) for r in rows] == [(p, o) for _, p, o in ROWS]
+    assert statistics.mean(r["ttft_ms"] for r in rows) == pytest.approx(
+        rec["mean_ttft_ms"], abs=0.01
+    )
+    assert all(r["error"] is None and r["e2e_ms"] >= r["ttft_ms"] for r in rows)
+    assert rows[3]["tpot_ms"] is None  # one output token: no TPOT
 
 
 def test_open_loop_sends_on_schedule(fake: FakeServer, tmp_path: Path) -> None:
@@ -294,6 +304,10 @@ def test_stall_times_out_and_500_is_counted(fake: FakeServer, tmp_path: Path) ->
         "stream error: aborted by the engine": 1,
     }
     assert rec["slo_attainment"] == pytest.approx(2 / 6, abs=1e-6)
+    logged = [json.loads(x) for x in requests_path(tmp_path / "out", rec).read_text().splitlines()]
+    assert [r["error"] is None for r in logged] == [True, False, False, True, False, False]
+    assert logged[1]["ttft_ms"] is None and logged[1]["error"].startswith("timeout")
+    assert logged[4]["ttft_ms"] is not None and logged[4]["e2e_ms"] is None  # stalled mid-way
     deadline = time.monotonic() + 2
     while fake.disconnected < 2 and time.monotonic() < deadline:
         time.sleep(0.02)
