@@ -67,6 +67,19 @@ from fluidpd.cli.options import mem_fraction, positive_int
 from fluidpd_sidecar.sglang.server import free_ports
 
 RUNS = ("static", "fluidtoken", "fluidpd")
+
+
+def run_labels(runs: list[str]) -> list[tuple[str, str]]:
+    """(kind, label) per run, in the order given: a kind's second run is labelled ``kind-2``
+    (``--runs static fluidtoken fluidtoken static`` measures the spread, ABBA)."""
+    seen: dict[str, int] = {}
+    out = []
+    for kind in runs:
+        seen[kind] = seen.get(kind, 0) + 1
+        out.append((kind, kind if seen[kind] == 1 else f"{kind}-{seen[kind]}"))
+    return out
+
+
 #: What one SGLang server holds beside its weights and KV pool (CUDA context, decode graphs,
 #: activation buffers), rounded up from the H200 runs' logs.
 SERVER_OVERHEAD_BYTES = 2 << 30
@@ -247,13 +260,13 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                     for _ in range(8)
                 ))  # fmt: skip
             rep["flushed"] = {}
-            for k, label in enumerate(r for r in RUNS if r in args.runs):
+            for k, (kind, label) in enumerate(run_labels(args.runs)):
                 if k:
                     # Same prompts again on empty caches; if a flush is refused, other prompts
                     # (seed k: same lengths and arrival times) so that no cached prefix
                     # favours a later run.
                     rep["flushed"][label] = await flush_caches(c, stack, workers)
-                if label == "fluidpd":
+                if kind == "fluidpd":
                     stack.start("controller", [
                         *FLUIDPD, "controller", "--router", fluid, "--profile", str(profile),
                         "--ttft-slo", str(args.ttft_slo), "--tpot-slo", str(args.tpot_slo),
@@ -262,7 +275,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                     ])  # fmt: skip
                     await asyncio.sleep(2.0)
                 seed = 0 if rep["flushed"].get(label, True) else k
-                base = static if label == "static" else fluid
+                base = static if kind == "static" else fluid
                 rep["runs"][label] = replay(args, base, label, replay_out, token, seed)
                 rep["runs"][label]["pressure_after"] = await pressures(c, workers)
                 rep["runs"][label]["sglang_after"] = {
@@ -270,7 +283,9 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
                 }
                 rep["elapsed_s"] = time.monotonic() - t_start
                 write_json(out / "live.json", rep)
-                if label == "static":
+                if kind == "fluidpd":
+                    stack.stop("controller")  # a later run of another kind runs without it
+                if kind == "static" and "static" not in args.runs[k + 1 :]:
                     stack.stop("minilb")
             stats = await c.get(f"{fluid}/admin/stats", headers=stack.headers)
             rep["router_stats"] = stats.json() if stats.status_code == 200 else stats.text[:300]
@@ -305,7 +320,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     return rep
 
 
-def main() -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_stack_args(p, work="/tmp/sgl-live", start_timeout=200.0)
     p.add_argument("--slice", required=True, help="Azure-format CSV (sglang_slice.py)")
@@ -327,7 +342,13 @@ def main() -> int:
     p.add_argument("--tpot-slo", type=float, default=0.05)
     p.add_argument("--request-timeout", type=float, default=30.0, help="no first token: failed")
     p.add_argument("--replay-timeout", type=float, default=90.0, help="one replay's limit, s")
-    p.add_argument("--runs", nargs="+", choices=RUNS, default=list(RUNS), help="in this order")
+    p.add_argument(
+        "--runs",
+        nargs="+",
+        choices=RUNS,
+        default=list(RUNS),
+        help="in this order; a kind may repeat (its later runs: kind-2, ...)",
+    )
     p.add_argument("--prefill-window", type=int, default=4,
                    help="the sidecars' --sglang-prefill-window")  # fmt: skip
     p.add_argument("--transfer-gbps", type=float, default=0.27,
@@ -335,6 +356,11 @@ def main() -> int:
     p.add_argument("--log-lines", type=int, default=60, help="tail of each log in logs.txt")
     p.add_argument("--sidecar-arg", action="append", default=[])
     p.add_argument("--controller-arg", action="append", default=[])
+    return p
+
+
+def main() -> int:
+    p = parser()
     args = p.parse_args()
     if args.device.startswith("cuda"):
         import torch  # noqa: PLC0415 - on the GPU machine only

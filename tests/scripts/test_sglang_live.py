@@ -81,3 +81,16 @@ def test_a_bad_pool_or_memory_fraction_is_a_one_line_error(
         sglang_live.main()
     assert exc.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == f"sglang_live.py: error: {message}"
+
+
+def test_runs_go_in_the_order_given_and_a_repeated_kind_gets_its_own_label() -> None:
+    assert sglang_live.run_labels(["static", "fluidtoken", "fluidtoken", "static"]) == [
+        ("static", "static"),
+        ("fluidtoken", "fluidtoken"),
+        ("fluidtoken", "fluidtoken-2"),
+        ("static", "static-2"),
+    ]
+    args = sglang_live.parser().parse_args(
+        ["--out", "o", "--slice", "s", "--runs", "fluidpd", "static"]
+    )
+    assert args.runs == ["fluidpd", "static"]
