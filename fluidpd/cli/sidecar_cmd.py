@@ -162,6 +162,13 @@ def add_sglang_options(parser: argparse.ArgumentParser) -> None:
         "transfer (1: one request's whole call, compute and transfer, at a time)",
     )
     g.add_argument(
+        "--sglang-prefill-batching",
+        action="store_true",
+        help="FluidToken on a prefill worker: hand SGLang a request left whole (nothing "
+        "stolen) at once, so that SGLang batches a burst's forwards as its own P/D does, "
+        "instead of after the previous forward (default: off; not yet measured on a GPU)",
+    )
+    g.add_argument(
         "--sglang-start-timeout",
         type=positive_float,
         default=900.0,
@@ -174,6 +181,8 @@ def sglang_sidecar_args(args: argparse.Namespace) -> list[str]:
     """The ``add_sglang_options`` flags of a parsed command line, for a sidecar's (``up``)."""
     out: list[str] = ["--sglang-start-timeout", str(args.sglang_start_timeout)]
     out += ["--sglang-prefill-window", str(args.sglang_prefill_window)]
+    if args.sglang_prefill_batching:
+        out.append("--sglang-prefill-batching")
     if args.sglang_python:
         out += ["--sglang-python", args.sglang_python]
     if args.mem_fraction is not None:
@@ -374,7 +383,13 @@ def _run_sglang(args: argparse.Namespace, cfg: Any, text: Any) -> int:
         )
     )
     configure_logging(args.log_level, args.id)
-    service = SglangService(cfg, server, text, prefill_window=args.sglang_prefill_window)
+    service = SglangService(
+        cfg,
+        server,
+        text,
+        prefill_window=args.sglang_prefill_window,
+        prefill_batching=args.sglang_prefill_batching,
+    )
     # uvicorn re-raises the SIGTERM it shut down on once it returns. The service sends itself
     # one when SGLang cannot start or dies for good, and then the user must see why (the one
     # line below, exit 2), not a bare death by signal; a pod's SIGTERM still shuts down cleanly.

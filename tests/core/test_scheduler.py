@@ -194,6 +194,27 @@ def test_prefill_blocked_by_decode_kv_backpressure() -> None:
     assert bus.run_prefill(p, 2.0).request is r1
 
 
+def test_hand_over_frees_the_next_plan_and_keeps_the_compute_in_the_backlog() -> None:
+    """An engine with its own queue takes the running batch at once; its predicted forward
+    stays ahead of the next one (the backlog) and its hand-off starts as at a forward's end."""
+    p, d = make("p", Role.PREFILL), make("d", Role.DECODE)
+    bus = Bus.of(p, d)
+    for i in range(2):
+        bus.submit(req(i, prompt=1000, out=5), p, d)
+    first = p.prefill.next_batch(0.0, None)
+    assert first is not None and p.prefill.next_batch(0.0, None) is None  # one at a time
+    p.prefill.hand_over(first, 0.0)
+    assert p.prefill.running is None and 0 in p.prefill.transfers
+    assert p.prefill.backlog(0.0) == pytest.approx(first.predicted_s)
+    second = p.prefill.next_batch(0.01, None)
+    assert second is not None
+    # The second runs after the first: the backlog is both forwards, from the first's start.
+    assert p.prefill.backlog(0.01) == pytest.approx(first.predicted_s + second.predicted_s - 0.01)
+    p.prefill.hand_over(second, 0.01)
+    assert p.prefill.handed_until == pytest.approx(first.predicted_s + second.predicted_s)
+    assert p.prefill.backlog(10.0) == 0.0
+
+
 def test_prefill_fifo_in_reservation_order() -> None:
     p = make("p", Role.PREFILL)
     rs = [req(i) for i in range(4)]

@@ -231,6 +231,54 @@ def test_window_one_runs_each_requests_whole_call_before_the_next() -> None:
     assert (planner.max_in_flight, planner.overlapped) == (1, 0)
 
 
+async def _batched(window: int) -> tuple[list[tuple[str, int]], PrefillPlanner]:
+    """Three requests queued at once on a batching planner: none stolen (beta 0), so each is
+    handed to SGLang at once, up to the window, before any forward is done."""
+    engine = Engine()
+    app = web.Application()
+    app.router.add_post("/forwarded", engine.forwarded)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+    peers = Peers(None)
+
+    async def abort(rid: int) -> None:
+        return None
+
+    planner = PrefillPlanner(
+        "p0", PROFILE, SLO_, CFG, 0.0, peers, engine.call, abort, url, window=window,
+        batching=True,
+    )  # fmt: skip
+    planner.start()
+    try:
+        done = asyncio.gather(*(planner.prefill(_half(rid, 10, url)) for rid in (1, 2, 3)))
+        await asyncio.wait_for(engine.started[2].wait(), 10)
+        assert not engine.forward[1].is_set()  # 2 went in before 1's forward was done
+        assert planner.side.running is None and {1, 2} <= set(planner.side.transfers)
+        assert planner.side.handed_until > 0.0  # their predicted compute: the core's backlog
+        assert not engine.started[3].is_set()  # the window (2) is full
+        engine.answer[1].set()
+        await asyncio.wait_for(engine.started[3].wait(), 10)
+        for rid in (1, 2, 3):
+            engine.answer[rid].set()
+        outcomes = await asyncio.wait_for(done, 10)
+        assert outcomes == [PrefillOutcome(status="done", stolen=0)] * 3
+        assert planner.in_flight == 0 and not planner.side.transfers
+    finally:
+        await planner.stop()
+        await peers.close()
+        await runner.cleanup()
+    return engine.log, planner
+
+
+def test_a_batching_planner_hands_sglang_what_it_steals_nothing_from_at_once() -> None:
+    log, planner = asyncio.run(_batched(window=2))
+    assert log[:3] == [("start", 1), ("start", 2), ("answered", 1)]
+    assert (planner.max_in_flight, planner.overlapped) == (2, 2)
+
+
 def test_hook_forwarded_long_poll_answers_once_marked(registry: None) -> None:
     assert not fluidtoken_hook.wait_forwarded("41", 0.0)
     fluidtoken_hook.mark_forwarded(["41"])

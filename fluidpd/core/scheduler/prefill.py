@@ -150,6 +150,9 @@ class PrefillSide:
     running: PrefillBatch | None = None
     #: KV hand-offs started and not yet confirmed, rid -> bytes.
     transfers: dict[int, int] = field(default_factory=dict)
+    #: Predicted end of the forwards handed to an engine that queues and batches them itself
+    #: (:meth:`hand_over`); 0.0 while none has been.
+    handed_until: float = 0.0
     stolen_tokens: int = 0
     #: Testing knob: every request runs with this stealing ratio beta (prefix
     #: ``p = round((1 - beta) * L)``), whatever the planner and budgets say, so that a test
@@ -190,8 +193,12 @@ class PrefillSide:
 
     # -- scheduling ---------------------------------------------------------------------------
     def backlog(self, now: float) -> float:
-        """Predicted seconds until the running batch (if any) finishes."""
-        return max(0.0, self.running.end_predicted - now) if self.running is not None else 0.0
+        """Predicted seconds until the running batch (if any) finishes, behind the forwards
+        handed over before it."""
+        end = self.handed_until
+        if self.running is not None:
+            end = max(end, self.running.start) + self.running.predicted_s
+        return max(0.0, end - now)
 
     def queued_work(self, now: float) -> float:
         """Predicted seconds to clear the running batch and the whole queue (eq. 2 summed)."""
@@ -282,6 +289,14 @@ class PrefillSide:
         self.outbox.append(
             Handoff(req.rid, self.worker_id, req.decode_worker, batch.prefix_tokens, nbytes)
         )
+
+    def hand_over(self, batch: PrefillBatch, now: float) -> None:
+        """An engine with its own queue (SGLang) takes the running batch now and runs it when
+        it can, batched with others: the next request may be planned at once. Its compute,
+        predicted, stays ahead of the queue (:meth:`backlog`) until its forward would end, and
+        its hand-off starts as in :meth:`finish_batch`."""
+        self.finish_batch(batch, now)
+        self.handed_until = max(self.handed_until, batch.start) + batch.predicted_s
 
     def transfer_done(self, rid: int) -> None:
         self.transfers.pop(rid, None)

@@ -13,7 +13,14 @@ next request is planned and released. At most ``window`` requests are in SGLang 
 computing, the others' KV in transfer): SGLang's Mooncake transfers overlap each other and the
 next forward, and the requests not yet released stay in the core's queue, where Algorithm 1
 still decides their splits. ``window`` 1 is the unpipelined planner: one request's whole
-SGLang call (compute and transfer) before the next. Before
+SGLang call (compute and transfer) before the next.
+
+With ``batching`` (``--sglang-prefill-batching``), a request the planner left whole (nothing
+stolen) is handed to SGLang and the next one planned at once (``PrefillSide.hand_over``: its
+predicted compute stays in the core's backlog), so that SGLang batches a burst's forwards as
+its own P/D does; a request with a stolen suffix still waits for the forward before it. A
+replay on an H100 (``results/sglang/h100-live-2026-12-07-abba``) lost 5 pp to SGLang's own
+P/D while an opening burst's backlog cleared, with one request in each prefill batch. Before
 that, the stolen count goes to the decode sidecar (``POST /v1/internal/suffix``, the same
 message the other engines send), which registers it with its SGLang's FluidToken hook
 (``fluidtoken_hook``): the split is known there before the prefix KV can land. If that fails,
@@ -85,6 +92,7 @@ class PrefillPlanner:
         hook_url: str,
         budget_refresh_s: float = 0.1,
         window: int = DEFAULT_WINDOW,
+        batching: bool = False,
     ) -> None:
         if window < 1:
             raise ValueError(f"the prefill window must be >= 1, got {window}")
@@ -103,6 +111,7 @@ class PrefillPlanner:
         self.budgets: dict[str, float] = {}
         self._decode_urls: dict[str, str] = {}
         self.window = window
+        self.batching = batching
         #: Started requests not yet answered by SGLang (computing, or their KV in transfer).
         self.executing: dict[int, asyncio.Task[None]] = {}
         #: Most requests seen in SGLang at once, and releases made while another was there.
@@ -184,6 +193,9 @@ class PrefillPlanner:
                     await self._wake.wait()
                     continue
                 self._release(batch)
+                if self.batching and batch.request.stolen == 0:
+                    self.side.hand_over(batch, time.time())
+                    self.side.outbox.clear()  # its Handoff: SGLang moves the KV itself
             except asyncio.CancelledError:
                 raise
             except Exception:  # a bug must not stop the queue; log and go on
@@ -194,7 +206,11 @@ class PrefillPlanner:
         rid = batch.request.rid
         if self.executing:
             self.overlapped += 1
-        task = asyncio.create_task(self._execute(batch), name=f"fluidtoken-prefill-{rid}")
+        # The batch's suffix commit, taken now: the next batch may be planned (and its own
+        # commit queued) before this task first runs.
+        commits = [m for m in self.side.outbox if isinstance(m, SuffixCommitted)]
+        self.side.outbox.clear()
+        task = asyncio.create_task(self._execute(batch, commits), name=f"fluidtoken-prefill-{rid}")
         self.executing[rid] = task
         self.max_in_flight = max(self.max_in_flight, len(self.executing))
         task.add_done_callback(lambda _t: self._done(rid))
@@ -211,13 +227,11 @@ class PrefillPlanner:
             self.side.outbox.clear()  # its Handoff: SGLang moves the KV itself
             self._wake.set()
 
-    async def _execute(self, batch: PrefillBatch) -> None:
+    async def _execute(self, batch: PrefillBatch, commits: list[SuffixCommitted]) -> None:
         req = batch.request
         q = self.queued.get(req.rid)
         outcome = PrefillOutcome(status="cancelled", detail="aborted")
         try:
-            commits = [m for m in self.side.outbox if isinstance(m, SuffixCommitted)]
-            self.side.outbox.clear()
             prefix = batch.prefix_tokens
             if (
                 q is not None

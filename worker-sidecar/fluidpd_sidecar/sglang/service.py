@@ -177,6 +177,7 @@ class SglangService:
         *,
         exit_on_failure: bool = True,
         prefill_window: int = DEFAULT_WINDOW,
+        prefill_batching: bool = False,
     ) -> None:
         self.cfg = cfg
         self.server = server
@@ -198,7 +199,7 @@ class SglangService:
         self.planner = PrefillPlanner(
             cfg.worker_id, cfg.profile, cfg.slo, cfg.token_cfg, cfg.force_steal, self.peers,
             self._prefill_sglang, self._abort_sglang, hook_url, cfg.budget_refresh_s,
-            prefill_window,
+            prefill_window, prefill_batching,
         )  # fmt: skip
         self.splits = DecodeSplits(cfg.profile, cfg.slo, cfg.token_cfg, hook_url)
         self.fluidrole = RoleDriver(self)
@@ -383,6 +384,7 @@ class SglangService:
             "start_s": self.server.start_s,
             "restarts": self.server.restarts,
             "prefill_window": self.planner.window,
+            "prefill_batching": self.planner.batching,
             "prefill_in_flight": self.planner.in_flight,
             "prefill_in_flight_max": self.planner.max_in_flight,
             "prefill_overlapped": self.planner.overlapped,
