@@ -8,9 +8,10 @@ all the planner sees of them); the real ones run in test_sglang_shared_stack.py.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -165,9 +166,12 @@ async def _until(cond: Callable[[], bool]) -> None:
         await asyncio.sleep(0.005)
 
 
-async def _pipeline(window: int) -> tuple[list[tuple[str, int]], PrefillPlanner]:
-    """Three requests queued at once on a planner with ``window``; the test forwards and
-    answers them one step at a time, and checks what is in SGLang at each step."""
+@contextlib.asynccontextmanager
+async def _scripted(
+    window: int, batching: bool = False
+) -> AsyncIterator[tuple[Engine, PrefillPlanner, str]]:
+    """A started planner over a scripted ``Engine`` (its hook's ``/forwarded`` served here).
+    beta 0 forced: nothing stolen, so no suffix commit; every request is a whole prefill."""
     engine = Engine()
     app = web.Application()
     app.router.add_post("/forwarded", engine.forwarded)
@@ -181,12 +185,23 @@ async def _pipeline(window: int) -> tuple[list[tuple[str, int]], PrefillPlanner]
     async def abort(rid: int) -> None:
         return None
 
-    # beta 0 forced: nothing stolen, so no suffix commit; every request is a whole prefill.
     planner = PrefillPlanner(
-        "p0", PROFILE, SLO_, CFG, 0.0, peers, engine.call, abort, url, window=window
-    )
+        "p0", PROFILE, SLO_, CFG, 0.0, peers, engine.call, abort, url, window=window,
+        batching=batching,
+    )  # fmt: skip
     planner.start()
     try:
+        yield engine, planner, url
+    finally:
+        await planner.stop()
+        await peers.close()
+        await runner.cleanup()
+
+
+async def _pipeline(window: int) -> tuple[list[tuple[str, int]], PrefillPlanner]:
+    """Three requests queued at once on a planner with ``window``; the test forwards and
+    answers them one step at a time, and checks what is in SGLang at each step."""
+    async with _scripted(window) as (engine, planner, url):
         halves = [planner.prefill(_half(rid, 10, url)) for rid in (1, 2, 3)]
         done = asyncio.gather(*halves)
         await asyncio.wait_for(engine.started[1].wait(), 10)
@@ -209,10 +224,6 @@ async def _pipeline(window: int) -> tuple[list[tuple[str, int]], PrefillPlanner]
         outcomes = await asyncio.wait_for(done, 10)
         assert outcomes == [PrefillOutcome(status="done", stolen=0)] * 3
         assert planner.in_flight == 0 and not planner.side.transfers
-    finally:
-        await planner.stop()
-        await peers.close()
-        await runner.cleanup()
     return engine.log, planner
 
 
@@ -234,25 +245,7 @@ def test_window_one_runs_each_requests_whole_call_before_the_next() -> None:
 async def _batched(window: int) -> tuple[list[tuple[str, int]], PrefillPlanner]:
     """Three requests queued at once on a batching planner: none stolen (beta 0), so each is
     handed to SGLang at once, up to the window, before any forward is done."""
-    engine = Engine()
-    app = web.Application()
-    app.router.add_post("/forwarded", engine.forwarded)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
-    peers = Peers(None)
-
-    async def abort(rid: int) -> None:
-        return None
-
-    planner = PrefillPlanner(
-        "p0", PROFILE, SLO_, CFG, 0.0, peers, engine.call, abort, url, window=window,
-        batching=True,
-    )  # fmt: skip
-    planner.start()
-    try:
+    async with _scripted(window, batching=True) as (engine, planner, url):
         done = asyncio.gather(*(planner.prefill(_half(rid, 10, url)) for rid in (1, 2, 3)))
         await asyncio.wait_for(engine.started[2].wait(), 10)
         assert not engine.forward[1].is_set()  # 2 went in before 1's forward was done
@@ -266,10 +259,6 @@ async def _batched(window: int) -> tuple[list[tuple[str, int]], PrefillPlanner]:
         outcomes = await asyncio.wait_for(done, 10)
         assert outcomes == [PrefillOutcome(status="done", stolen=0)] * 3
         assert planner.in_flight == 0 and not planner.side.transfers
-    finally:
-        await planner.stop()
-        await peers.close()
-        await runner.cleanup()
     return engine.log, planner
 
 

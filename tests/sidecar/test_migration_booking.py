@@ -5,7 +5,9 @@ booking lapses when its source stops asking - the scheduler wakes for that by it
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -29,31 +31,43 @@ def _adopt_body(svc: SidecarService, rid: int, generated: int, max_new: int) -> 
     return Adopt(half=half, generated=generated, output_ids=ids, first_token_t=1.0)
 
 
+@contextlib.asynccontextmanager
+async def _booking_decoder(tmp_path: Path, notices: list[int]) -> AsyncIterator[SidecarService]:
+    """A started decode sidecar with 1,000 tokens of KV, 600 held by request 1 (reserved; its
+    prefill peer is a stub that notes each reservation notice in ``notices``), and request 2's
+    adoption (500 tokens) refused once: booked."""
+
+    async def post(url: str, path: str, body: BaseModel) -> dict[str, Any]:
+        notices.append(int(getattr(body, "rid", -1)))
+        return {}
+
+    svc = sim_service(tmp_path, "d1", Role.DECODE)
+    svc.peers.post = post  # type: ignore[method-assign]
+    svc.worker.decode.kv_capacity = 1000
+    await svc.start()
+    try:
+        svc.accept_decode(decode_half(1, 100, prompt_len=500))
+        assert list(svc.worker.decode.reserved) == [1]
+        with pytest.raises(Conflict, match="booked"):
+            svc.adopt(_adopt_body(svc, 2, generated=3, max_new=100))
+        yield svc
+    finally:
+        await svc.stop()
+
+
 def test_a_refused_adoption_books_room_until_its_source_stops_asking(tmp_path: Path) -> None:
     notices: list[int] = []
 
-    async def post(url: str, path: str, body: BaseModel) -> dict[str, Any]:
-        notices.append(int(getattr(body, "rid", -1)))  # the reservations' notices to prefill
-        return {}
-
     async def go() -> None:
-        svc = sim_service(tmp_path, "d1", Role.DECODE)
-        svc.peers.post = post  # type: ignore[method-assign]
-        d = svc.worker.decode
-        d.kv_capacity = 1000
-        await svc.start()
-        try:
-            svc.accept_decode(decode_half(1, 100, prompt_len=500))  # holds 600 of the 1,000
-            assert list(d.reserved) == [1]
-            body = _adopt_body(svc, 2, generated=3, max_new=100)  # needs 500: no room now
+        async with _booking_decoder(tmp_path, notices) as svc:
+            d = svc.worker.decode
+            body = _adopt_body(svc, 2, generated=3, max_new=100)
             for _ in range(3):  # each round of its source's drain asks again
                 with pytest.raises(Conflict, match="booked"):
                     svc.adopt(body)
             assert set(d.bookings) == {2} and 2 not in d.migrating_in
             # 3 fits the 400 tokens left, but not beside the booked 500: it waits for KV (no
-            # await between: the booking, just renewed, cannot lapse meanwhile).
-            with pytest.raises(Conflict, match="booked"):
-                svc.adopt(body)
+            # await since the last ask: the booking cannot lapse meanwhile).
             svc.accept_decode(decode_half(3, 100, prompt_len=200))
             assert [r.rid for r in d.prealloc] == [3]
             lapses = d.next_booking_expiry()
@@ -63,24 +77,14 @@ def test_a_refused_adoption_books_room_until_its_source_stops_asking(tmp_path: P
             await until(lambda: 3 in d.reserved, "3 was never admitted after the booking lapsed")
             assert not d.bookings and time.time() >= lapses
             await until(lambda: 3 in notices, "the prefill peer never heard of 3's KV")
-        finally:
-            await svc.stop()
 
     asyncio.run(go())
 
 
 def test_a_booked_stream_adopts_once_room_frees(tmp_path: Path) -> None:
-    async def post(url: str, path: str, body: BaseModel) -> dict[str, Any]:
-        return {}
-
     async def go() -> None:
-        svc = sim_service(tmp_path, "d1", Role.DECODE)
-        svc.peers.post = post  # type: ignore[method-assign]
-        d = svc.worker.decode
-        d.kv_capacity = 1000
-        await svc.start()
-        try:
-            svc.accept_decode(decode_half(1, 100, prompt_len=500))
+        async with _booking_decoder(tmp_path, []) as svc:
+            d = svc.worker.decode
             body = _adopt_body(svc, 2, generated=3, max_new=100)
             with pytest.raises(Conflict, match="booked"):
                 svc.adopt(body)
@@ -91,7 +95,5 @@ def test_a_booked_stream_adopts_once_room_frees(tmp_path: Path) -> None:
             svc.adopt(body)
             assert 2 in d.migrating_in and not d.bookings
             assert [r.rid for r in d.prealloc] == [3]
-        finally:
-            await svc.stop()
 
     asyncio.run(go())
