@@ -198,6 +198,20 @@ async def _scripted(
         await runner.cleanup()
 
 
+async def _answer_all(
+    engine: Engine, planner: PrefillPlanner, done: asyncio.Future[list[PrefillOutcome]]
+) -> None:
+    """Forwards and answers requests 1-3 in order; each was prefilled whole, and none is left
+    in SGLang or in transfer."""
+    for rid in (1, 2, 3):
+        engine.answer[rid].set()
+        engine.forward[rid].set()
+        await asyncio.wait_for(engine.started[rid].wait(), 10)
+    outcomes = await asyncio.wait_for(done, 10)
+    assert outcomes == [PrefillOutcome(status="done", stolen=0)] * 3
+    assert planner.in_flight == 0 and not planner.side.transfers
+
+
 async def _pipeline(window: int) -> tuple[list[tuple[str, int]], PrefillPlanner]:
     """Three requests queued at once on a planner with ``window``; the test forwards and
     answers them one step at a time, and checks what is in SGLang at each step."""
@@ -217,13 +231,7 @@ async def _pipeline(window: int) -> tuple[list[tuple[str, int]], PrefillPlanner]
             await asyncio.wait_for(_until(lambda: planner.side.running is None), 10)
         else:
             assert not engine.started[2].is_set()  # waits for request 1's whole call
-        for rid in (1, 2, 3):
-            engine.answer[rid].set()
-            engine.forward[rid].set()
-            await asyncio.wait_for(engine.started[rid].wait(), 10)
-        outcomes = await asyncio.wait_for(done, 10)
-        assert outcomes == [PrefillOutcome(status="done", stolen=0)] * 3
-        assert planner.in_flight == 0 and not planner.side.transfers
+        await _answer_all(engine, planner, done)
     return engine.log, planner
 
 
@@ -254,11 +262,7 @@ async def _batched(window: int) -> tuple[list[tuple[str, int]], PrefillPlanner]:
         assert not engine.started[3].is_set()  # the window (2) is full
         engine.answer[1].set()
         await asyncio.wait_for(engine.started[3].wait(), 10)
-        for rid in (1, 2, 3):
-            engine.answer[rid].set()
-        outcomes = await asyncio.wait_for(done, 10)
-        assert outcomes == [PrefillOutcome(status="done", stolen=0)] * 3
-        assert planner.in_flight == 0 and not planner.side.transfers
+        await _answer_all(engine, planner, done)
     return engine.log, planner
 
 
