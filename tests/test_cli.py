@@ -183,3 +183,15 @@ def test_summary_reprints_results_and_rejects_bad_files(tmp_path: Path) -> None:
     proc = fluidpd("summary", str(bad))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "runs[0] lacks" in proc.stderr
+
+
+@pytest.mark.parametrize("command", ["sidecar", "up"])
+def test_an_sglang_only_option_with_another_engine_is_refused(command: str) -> None:
+    """Not taken and ignored: the sidecar and ``up`` both name it and exit 2."""
+    extra = ["--id", "w0", "--role", "decode"] if command == "sidecar" else ["--pd", "1P1D"]
+    proc = fluidpd(command, *extra, "--engine", "sim", "--sglang-prefill-batching")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert (
+        proc.stderr.strip()
+        == "fluidpd: error: --sglang-prefill-batching: only with --engine sglang"
+    )

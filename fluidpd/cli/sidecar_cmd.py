@@ -177,6 +177,17 @@ def add_sglang_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def check_engine_options(args: argparse.Namespace) -> None:
+    """Options that need another engine than the one chosen: a clear error, not an option
+    taken and ignored (``sidecar`` and ``up``)."""
+    if args.engine == "gpu" and args.kv_transfer == "sim":
+        raise UserError(
+            "--kv-transfer: the gpu engine hands off real KV; use shm, mooncake or cuda-ipc"
+        )
+    if args.sglang_prefill_batching and args.engine != "sglang":
+        raise UserError("--sglang-prefill-batching: only with --engine sglang")
+
+
 def sglang_sidecar_args(args: argparse.Namespace) -> list[str]:
     """The ``add_sglang_options`` flags of a parsed command line, for a sidecar's (``up``)."""
     out: list[str] = ["--sglang-start-timeout", str(args.sglang_start_timeout)]
@@ -205,6 +216,7 @@ def run(args: argparse.Namespace) -> int:
     from fluidpd_sidecar.service import SidecarConfig, SidecarService
     from fluidpd_sidecar.transfer import KVTransfer, SimTransfer
 
+    check_engine_options(args)
     profile = resolve_profile(args.model, args.gpu, args.profile)
     model = load_model_dir_option(args)
     try:
@@ -229,10 +241,6 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.engine == "sglang":
         return _run_sglang(args, cfg, text)
-    if args.engine == "gpu" and args.kv_transfer == "sim":
-        raise UserError(
-            "--kv-transfer: the gpu engine hands off real KV; use shm, mooncake or cuda-ipc"
-        )
     if args.engine == "gpu":
         check_gpu_devices([args.device])  # before a KV arena is made
     transfer: KVTransfer

@@ -56,7 +56,11 @@ from fluidpd.cli.policy_options import (
     fluidtoken_config,
     slo_config,
 )
-from fluidpd.cli.sidecar_cmd import add_sglang_options, sglang_sidecar_args
+from fluidpd.cli.sidecar_cmd import (
+    add_sglang_options,
+    check_engine_options,
+    sglang_sidecar_args,
+)
 from fluidpd.profiles import resolve_profile
 from fluidpd.sim.policies import MECHANISMS, parse_pd
 
@@ -259,10 +263,7 @@ def run(args: argparse.Namespace) -> int:
         args.profile,
         str(model_dir.path.resolve()) if args.model_dir else None,
     )
-    if args.engine == "gpu" and args.kv_transfer == "sim":
-        raise UserError(
-            "--kv-transfer: the gpu engine hands off real KV; use shm, mooncake or cuda-ipc"
-        )
+    check_engine_options(args)
     devices = [d.strip() for d in args.device.split(",") if d.strip()]
     if not devices:
         raise UserError("--device: empty")

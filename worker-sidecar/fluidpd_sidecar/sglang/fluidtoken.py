@@ -194,8 +194,7 @@ class PrefillPlanner:
                     continue
                 self._release(batch)
                 if self.batching and batch.request.stolen == 0:
-                    self.side.hand_over(batch, time.time())
-                    self.side.outbox.clear()  # its Handoff: SGLang moves the KV itself
+                    self._forward_done(batch, handed=True)
             except asyncio.CancelledError:
                 raise
             except Exception:  # a bug must not stop the queue; log and go on
@@ -219,11 +218,12 @@ class PrefillPlanner:
         self.executing.pop(rid, None)
         self._wake.set()
 
-    def _forward_done(self, batch: PrefillBatch) -> None:
-        """SGLang's forward of the batch is done (or its call ended first): the core starts the
-        hand-off, and the next request may be planned."""
+    def _forward_done(self, batch: PrefillBatch, handed: bool = False) -> None:
+        """SGLang's forward of the batch is done (or its call ended first), or SGLang took it
+        to run batched (``handed``, the core keeps its predicted forward as backlog): the core
+        starts the hand-off, and the next request may be planned."""
         if self.side.running is batch:
-            self.side.finish_batch(batch, time.time())
+            (self.side.hand_over if handed else self.side.finish_batch)(batch, time.time())
             self.side.outbox.clear()  # its Handoff: SGLang moves the KV itself
             self._wake.set()
 
