@@ -63,7 +63,9 @@ def add_parser(sub: Any) -> None:
         "--pairing",
         choices=PAIRINGS,
         default="round-robin",
-        help="how a prefill worker is paired with a decode worker",
+        help="how a prefill worker is paired with a decode worker: round-robin, or "
+        "least-loaded (the shortest prefill queue and the most free decode KV, each as last "
+        "polled less what was routed there since; ties in turn)",
     )
     add_float(p, "--first-token-timeout", 60.0, "cancel a request without a first token after, s")
     add_float(p, "--poll", 0.5, "worker poll period, s")

@@ -44,18 +44,31 @@ class RoundRobinPairing:
 @dataclass(slots=True)
 class LeastLoadedPairing:
     """The prefill worker with the least predicted backlog and the decode worker with the most
-    allocatable KV (ties broken by order)."""
+    allocatable KV. Ties go round-robin: in a backlog every decode worker may read no free KV,
+    and breaking those ties by order would send the whole backlog to the first one."""
 
     prefill_backlog: Callable[[str], float]
     decode_free_kv: Callable[[str], float]
     name: str = "least-loaded"
+    _k: int = 0
 
     def choose(self, prefill: Sequence[str], decode: Sequence[str]) -> tuple[str, str]:
         if not prefill or not decode:
             raise NoWorkers("no accepting prefill or decode worker")
-        p = min(prefill, key=self.prefill_backlog)
-        d = max(decode, key=self.decode_free_kv)
-        return p, d
+        k = self._k
+        self._k += 1
+        return (
+            _best(prefill, lambda w: -self.prefill_backlog(w), k),
+            _best(decode, self.decode_free_kv, k),
+        )
+
+
+def _best(pool: Sequence[str], score: Callable[[str], float], k: int) -> str:
+    """The worker of ``pool`` with the highest score; among equals, the ``k``-th in turn."""
+    scores = [score(w) for w in pool]
+    top = max(scores)
+    tied = [w for w, s in zip(pool, scores, strict=True) if s == top]
+    return tied[k % len(tied)]
 
 
 PAIRINGS = ("round-robin", "least-loaded")

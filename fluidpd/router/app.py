@@ -20,7 +20,7 @@ from fluidpd.router.context import RouterContext
 from fluidpd.router.dispatch import Dispatcher
 from fluidpd.router.openapi import components
 from fluidpd.router.prompts import Prompter
-from fluidpd.router.workers import WorkerSet
+from fluidpd.router.workers import WorkerInfo, WorkerSet
 
 __all__ = ["RouterConfig", "create_app"]
 
@@ -31,12 +31,22 @@ def _free_kv(pressure: dict[str, Any]) -> float:
     return float(allocatable_kv(get("kv_capacity", 0), get("kv_used", 0), get("kv_reserved", 0)))
 
 
+def _backlog(info: WorkerInfo) -> float:
+    """A prefill worker's queued requests: its last report's and those routed since."""
+    return float(info.pressure.get("queue_len", 0) + len(info.unreported))
+
+
+def _room(info: WorkerInfo) -> float:
+    """A decode worker's free KV: its last report's, less the prompts routed to it since."""
+    return _free_kv(info.pressure) - info.unreported_tokens
+
+
 def _worker_set(cfg: RouterConfig) -> WorkerSet:
     pairing: Pairing
     if cfg.pairing == "least-loaded":
         pairing = LeastLoadedPairing(
-            prefill_backlog=lambda w: float(workers.workers[w].pressure.get("queue_len", 0)),
-            decode_free_kv=lambda w: _free_kv(workers.workers[w].pressure),
+            prefill_backlog=lambda w: _backlog(workers.workers[w]),
+            decode_free_kv=lambda w: _room(workers.workers[w]),
         )
     else:
         pairing = RoundRobinPairing()

@@ -98,7 +98,7 @@ class Dispatcher:
                 raise RequestFailed(
                     503, f"no worker pair could take the request in {self.max_attempts} attempts"
                 )
-            pair = self.workers.choose()
+            pair = self.workers.choose(job.prompt_len)
             if pair is None:
                 if time.time() >= deadline:
                     raise RequestFailed(503, "no active prefill and decode workers")

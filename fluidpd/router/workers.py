@@ -24,6 +24,12 @@ from fluidpd.core.types import Role, RoleState
 
 log = logging.getLogger("fluidpd.router.workers")
 
+#: A request routed this long before a poll of its worker started shows in that poll's report
+#: (a sidecar's report reads its engine's state, refreshed every 50 ms); until then the router
+#: counts it itself, so that a burst between two polls does not all go to the worker that
+#: looked least loaded at the last one.
+REPORTED_AFTER_S = 0.2
+
 
 @dataclass(slots=True)
 class WorkerInfo:
@@ -40,6 +46,21 @@ class WorkerInfo:
     #: Role and state as last polled (``state`` above is also cleared by a 409 between polls):
     #: what a change is logged against.
     polled: tuple[Role, RoleState] | None = None
+    #: Requests routed here that the last report may not show yet: (routed at, prompt tokens).
+    unreported: list[tuple[float, int]] = field(default_factory=list)
+
+    def routed(self, prompt_tokens: int, now: float) -> None:
+        self.unreported.append((now, prompt_tokens))
+
+    def reported(self, poll_started: float) -> None:
+        """A report asked for at ``poll_started`` came back: it shows what was routed well
+        before."""
+        edge = poll_started - REPORTED_AFTER_S
+        self.unreported = [(t, n) for t, n in self.unreported if t > edge]
+
+    @property
+    def unreported_tokens(self) -> int:
+        return sum(n for _, n in self.unreported)
 
     def accepts(self, role: Role, now: float) -> bool:
         return (
@@ -100,11 +121,14 @@ class WorkerSet:
             [w.worker for w in infos if w.accepts(Role.DECODE, now)],
         )
 
-    def choose(self) -> tuple[WorkerInfo, WorkerInfo] | None:
+    def choose(self, prompt_tokens: int = 0) -> tuple[WorkerInfo, WorkerInfo] | None:
         prefill, decode = self.pools()
         if not prefill or not decode:
             return None
         p, d = self.pairing.choose(prefill, decode)
+        now = time.time()
+        for wid in (p, d):
+            self.workers[wid].routed(prompt_tokens, now)
         return self.workers[p], self.workers[d]
 
     def suspect(self, wid: str, seconds: float = 2.0) -> None:
@@ -151,6 +175,7 @@ class WorkerSet:
     async def _poll(self, info: WorkerInfo, n_prefill: int) -> None:
         assert self._session is not None
         url = f"{info.url.rstrip('/')}/pressure?n_prefill={n_prefill}"
+        started = time.time()
         try:
             timeout = aiohttp.ClientTimeout(total=1.0, connect=0.5)
             async with self._session.get(url, headers=self._headers, timeout=timeout) as resp:
@@ -172,6 +197,7 @@ class WorkerSet:
         info.state = RoleState(p["state"])
         self._log_change(info)
         info.pressure = p
+        info.reported(started)
         if p.get("switches", 0) > info.switches and p.get("last_switch_to"):
             self.switches.append(
                 {

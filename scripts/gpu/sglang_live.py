@@ -64,6 +64,7 @@ from sglang_stack import (
 )
 
 from fluidpd.cli.options import mem_fraction, positive_int
+from fluidpd.core.pairing import PAIRINGS
 from fluidpd_sidecar.sglang.server import free_ports
 
 RUNS = ("static", "fluidtoken", "fluidpd")
@@ -233,7 +234,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "command": " ".join(sys.argv), "mps": args.mps, "slice": args.slice, "rps": args.rps,
         "requests": args.requests, "slo": {"ttft_s": args.ttft_slo, "tpot_s": args.tpot_slo},
         "kv_tokens_per_worker": args.kv_tokens, "mem_fraction": args.mem, "runs": {},
-        "prefill_window": args.prefill_window, "profile": str(profile),
+        "prefill_window": args.prefill_window, "pairing": args.pairing, "profile": str(profile),
     }  # fmt: skip
     t_start = time.monotonic()
     replay_out = work / "replay"
@@ -241,7 +242,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         for w in workers:
             stack.sidecar(w, common, [])
         fluid = stack.router(ports[4], model, workers, ["--log-level", "warning",
-                             "--first-token-timeout", str(args.request_timeout)])  # fmt: skip
+                             "--first-token-timeout", str(args.request_timeout),
+                             "--pairing", args.pairing])  # fmt: skip
         lim = httpx.Limits(max_connections=None, max_keepalive_connections=512)
         async with httpx.AsyncClient(timeout=httpx.Timeout(300, connect=10), limits=lim) as c:
             rep["ready_s"] = await wait_ready(
@@ -351,6 +353,8 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--prefill-window", type=int, default=4,
                    help="the sidecars' --sglang-prefill-window")  # fmt: skip
+    p.add_argument("--pairing", choices=PAIRINGS, default="round-robin",
+                   help="FluidPD router's P/D pairing (static runs draw at random)")  # fmt: skip
     p.add_argument("--transfer-gbps", type=float, default=0.27,
                    help="KV transfer GB/s in the profile (SGLang's Mooncake TCP here)")  # fmt: skip
     p.add_argument("--log-lines", type=int, default=60, help="tail of each log in logs.txt")

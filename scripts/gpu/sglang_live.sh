@@ -13,7 +13,8 @@
 # fluidtoken fluidpd") picks the runs, WINDOW (default 4) the sidecars' --sglang-prefill-window,
 # KV_TOKENS (default 65536) each worker's KV pool and MEM (default 0.8) its --mem-fraction-static
 # (sglang_live.py checks that the four servers fit the card before it starts them); BATCHING=1
-# gives the sidecars --sglang-prefill-batching.
+# gives the sidecars --sglang-prefill-batching; PAIRING (default round-robin) FluidPD's router's
+# --pairing.
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 . scripts/gpu/sglang_env.sh
@@ -62,7 +63,8 @@ EXTRA=()
 timeout -k 20 540 python3 scripts/gpu/sglang_live.py --out "$OUT" --python "$(command -v python3)" \
   --slice "$SLICE" --rps "${RPS:-2.5}" --requests "${N:-100}" --ttft-slo "${TTFT_SLO:-2}" \
   --tpot-slo "${TPOT_SLO:-0.05}" --runs ${RUNS:-static fluidtoken fluidpd} \
-  --prefill-window "${WINDOW:-4}" --kv-tokens "${KV_TOKENS:-65536}" --mem "${MEM:-0.8}" \
+  --prefill-window "${WINDOW:-4}" --pairing "${PAIRING:-round-robin}" \
+  --kv-tokens "${KV_TOKENS:-65536}" --mem "${MEM:-0.8}" \
   --gpu "$GPU" "${MPS_FLAG[@]}" "${EXTRA[@]}" || echo "live rc=$?"
 if [ "$mps_started" = 1 ]; then
   [ -d /tmp/fluidpd-mps/log ] && tail -n 20 /tmp/fluidpd-mps/log/control.log >> "$OUT/mps.txt" 2>/dev/null
