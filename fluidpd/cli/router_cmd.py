@@ -65,7 +65,7 @@ def add_parser(sub: Any) -> None:
         default="round-robin",
         help="how a prefill worker is paired with a decode worker: round-robin, or "
         "least-loaded (the shortest prefill queue and the most free decode KV, each as last "
-        "polled less what was routed there since; ties in turn)",
+        "polled less what was routed there since; ties in turn), or random (as SGLang's mini_lb)",
     )
     add_float(p, "--first-token-timeout", 60.0, "cancel a request without a first token after, s")
     add_float(p, "--poll", 0.5, "worker poll period, s")

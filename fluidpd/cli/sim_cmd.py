@@ -70,7 +70,7 @@ def add_parser(sub: Any) -> None:
         "--pairing",
         choices=PAIRINGS,
         default="round-robin",
-        help="P/D pairing (default round-robin)",
+        help="P/D pairing (default round-robin; random is SGLang's own mini_lb)",
     )
     w = p.add_argument_group("workload")
     w.add_argument(

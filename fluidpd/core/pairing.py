@@ -2,7 +2,8 @@
 
 The paper routes round-robin (§V-A). Pairing is pluggable; the pools passed in are the
 *accepting* workers at the time of the call, so pairing follows role switches and never picks
-a draining worker.
+a draining worker. ``random`` is what SGLang's own P/D load balancer (mini_lb) does, so that
+the static baseline can be simulated as SGLang serves it.
 """
 
 from __future__ import annotations
@@ -71,4 +72,18 @@ def _best(pool: Sequence[str], score: Callable[[str], float], k: int) -> str:
     return tied[k % len(tied)]
 
 
-PAIRINGS = ("round-robin", "least-loaded")
+@dataclass(slots=True)
+class RandomPairing:
+    """A prefill and a decode worker drawn uniformly, each on its own. ``draw(n)`` is an index
+    in ``[0, n)`` from the harness's random stream (seeded for a reproducible simulation)."""
+
+    draw: Callable[[int], int]
+    name: str = "random"
+
+    def choose(self, prefill: Sequence[str], decode: Sequence[str]) -> tuple[str, str]:
+        if not prefill or not decode:
+            raise NoWorkers("no accepting prefill or decode worker")
+        return prefill[self.draw(len(prefill))], decode[self.draw(len(decode))]
+
+
+PAIRINGS = ("round-robin", "least-loaded", "random")

@@ -4,6 +4,7 @@ shared context, the error bodies and the OpenAPI document (``openapi.py``)."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -12,7 +13,7 @@ import aiohttp
 from fastapi import FastAPI
 
 from fluidpd import __version__
-from fluidpd.core.pairing import LeastLoadedPairing, Pairing, RoundRobinPairing
+from fluidpd.core.pairing import LeastLoadedPairing, Pairing, RandomPairing, RoundRobinPairing
 from fluidpd.core.signals import allocatable_kv
 from fluidpd.router import errors, routes_admin, routes_health, routes_openai
 from fluidpd.router.config import RouterConfig
@@ -48,6 +49,8 @@ def _worker_set(cfg: RouterConfig) -> WorkerSet:
             prefill_backlog=lambda w: _backlog(workers.workers[w]),
             decode_free_kv=lambda w: _room(workers.workers[w]),
         )
+    elif cfg.pairing == "random":
+        pairing = RandomPairing(random.Random().randrange)
     else:
         pairing = RoundRobinPairing()
     workers = WorkerSet(pairing, cfg.poll_s, cfg.admin_token)

@@ -31,7 +31,7 @@ import numpy as np
 from fluidpd.core.fluidrole import FluidRoleConfig, SwitchDecision
 from fluidpd.core.fluidtoken import FluidTokenConfig
 from fluidpd.core.migration import plan_migration
-from fluidpd.core.pairing import LeastLoadedPairing, Pairing, RoundRobinPairing
+from fluidpd.core.pairing import LeastLoadedPairing, Pairing, RandomPairing, RoundRobinPairing
 from fluidpd.core.profile import Profile
 from fluidpd.core.repair import drain_releases_reserved, release_asks
 from fluidpd.core.role_control import RoleControl
@@ -220,6 +220,9 @@ class Simulator:
                 prefill_backlog=lambda p: self.workers[p].prefill.queued_work(self.now),
                 decode_free_kv=lambda d: float(self._synced(d).decode.allocatable()),
             )
+        if name == "random":
+            # Its own stream: drawing pairs must not shift the noise the policies compare on.
+            return RandomPairing(random.Random(f"pairing:{self.cfg.seed}").randrange)
         raise ValueError(f"unknown pairing {name!r}")
 
     def _push(self, t: float, kind: int, a: object = None, b: object = None) -> None:

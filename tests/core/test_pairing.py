@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from fluidpd.core.pairing import LeastLoadedPairing, NoWorkers, RoundRobinPairing
+from fluidpd.core.pairing import LeastLoadedPairing, NoWorkers, RandomPairing, RoundRobinPairing
 
 
 def test_least_loaded_picks_the_shortest_queue_and_the_most_free_kv() -> None:
@@ -32,10 +32,31 @@ def test_least_loaded_rotates_among_the_tied_best_only() -> None:
     assert picks == {"d1", "d2"}
 
 
+def test_random_draws_the_prefill_and_the_decode_worker_each_on_its_own() -> None:
+    drawn = iter([2, 0, 1, 1])
+    asked: list[int] = []
+
+    def draw(n: int) -> int:
+        asked.append(n)
+        return next(drawn)
+
+    pairing = RandomPairing(draw)
+    assert pairing.choose(["p0", "p1", "p2"], ["d0", "d1"]) == ("p2", "d0")
+    assert pairing.choose(["p0", "p1", "p2"], ["d0", "d1"]) == ("p1", "d1")
+    assert asked == [3, 2, 3, 2]
+
+
 @pytest.mark.parametrize(
-    "pairing", [RoundRobinPairing(), LeastLoadedPairing(lambda _w: 0.0, lambda _w: 0.0)]
+    "pairing",
+    [
+        RoundRobinPairing(),
+        LeastLoadedPairing(lambda _w: 0.0, lambda _w: 0.0),
+        RandomPairing(lambda _n: 0),
+    ],
 )
-def test_an_empty_pool_is_no_workers(pairing: RoundRobinPairing | LeastLoadedPairing) -> None:
+def test_an_empty_pool_is_no_workers(
+    pairing: RoundRobinPairing | LeastLoadedPairing | RandomPairing,
+) -> None:
     with pytest.raises(NoWorkers):
         pairing.choose([], ["d0"])
     with pytest.raises(NoWorkers):
