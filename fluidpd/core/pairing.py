@@ -17,6 +17,11 @@ class NoWorkers(RuntimeError):
     """No accepting worker of a needed role."""
 
 
+def _require(prefill: Sequence[str], decode: Sequence[str]) -> None:
+    if not prefill or not decode:
+        raise NoWorkers("no accepting prefill or decode worker")
+
+
 class Pairing(Protocol):
     name: str
 
@@ -35,8 +40,7 @@ class RoundRobinPairing:
     _k: int = 0
 
     def choose(self, prefill: Sequence[str], decode: Sequence[str]) -> tuple[str, str]:
-        if not prefill or not decode:
-            raise NoWorkers("no accepting prefill or decode worker")
+        _require(prefill, decode)
         k = self._k
         self._k += 1
         return prefill[k % len(prefill)], decode[(k // len(prefill)) % len(decode)]
@@ -54,8 +58,7 @@ class LeastLoadedPairing:
     _k: int = 0
 
     def choose(self, prefill: Sequence[str], decode: Sequence[str]) -> tuple[str, str]:
-        if not prefill or not decode:
-            raise NoWorkers("no accepting prefill or decode worker")
+        _require(prefill, decode)
         k = self._k
         self._k += 1
         return (
@@ -81,8 +84,7 @@ class RandomPairing:
     name: str = "random"
 
     def choose(self, prefill: Sequence[str], decode: Sequence[str]) -> tuple[str, str]:
-        if not prefill or not decode:
-            raise NoWorkers("no accepting prefill or decode worker")
+        _require(prefill, decode)
         return prefill[self.draw(len(prefill))], decode[self.draw(len(decode))]
 
 
