@@ -248,7 +248,9 @@ def router_deployment(owner: dict[str, Any], spec: DeploymentSpec, image: str) -
     name = owner["metadata"]["name"]
     match = {DEPLOYMENT_LABEL: name, COMPONENT_LABEL: "router"}
     port = spec.router.port
-    args = RouterCommand("$(POD_IP)", port, _model(spec), log_level="info").argv()
+    args = RouterCommand(
+        "$(POD_IP)", port, _model(spec), pairing=spec.router.pairing, log_level="info"
+    ).argv()
     container: dict[str, Any] = {
         "name": "router",
         "image": spec.router.image or image,

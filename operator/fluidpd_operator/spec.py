@@ -167,6 +167,7 @@ class RouterSpec(_Spec):
     )
     port: int = 8000
     image: str | None = None
+    pairing: Literal["round-robin", "least-loaded", "random"] = "round-robin"
 
 
 class SecretRef(_Spec):

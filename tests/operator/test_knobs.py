@@ -24,6 +24,7 @@ from fluidpd.api.knobs import FLUIDROLE_KNOBS
 from fluidpd.cli import controller_cmd, router_cmd, sidecar_cmd
 from fluidpd.cli.policy_options import fluidrole_argv, fluidrole_config
 from fluidpd.core.fluidrole import FluidRoleConfig
+from fluidpd.core.pairing import PAIRINGS
 from fluidpd.core.types import Role
 from fluidpd_operator import resources as res
 from fluidpd_operator.spec import DeploymentSpec, FluidRoleSpec
@@ -214,3 +215,21 @@ def test_operator_router_command_parses_with_the_router_parser() -> None:
     assert (a.host, a.port, a.model, a.gpu, a.log_level) == (
         "10.1.2.3", spec.router.port, "llama-3.1-8b", "h200", "info"
     )  # fmt: skip
+
+
+def test_router_pairing_from_the_crd_reaches_the_router_and_offers_every_pairing() -> None:
+    crd = yaml.safe_load((ROOT / "crds" / "fluidpd.io_fluidpddeployments.yaml").read_text())
+    spec_props = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    pairing = spec_props["properties"]["router"]["properties"]["pairing"]
+    assert tuple(pairing["enum"]) == PAIRINGS
+    for value in PAIRINGS:
+        spec = DeploymentSpec.model_validate(
+            {"model": {"name": "llama-3.1-8b", "gpu": "h200"}, "router": {"pairing": value}}
+        )
+        dep = res.router_deployment({"metadata": {"name": "x", "uid": "u"}}, spec, "i")
+        args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert _parser(router_cmd.add_parser).parse_args(["router", *args]).pairing == value
+    default = DeploymentSpec.model_validate({"model": {"name": "m"}}).router.pairing
+    assert default == pairing["default"] == "round-robin"
+    with pytest.raises(ValueError, match="pairing"):
+        DeploymentSpec.model_validate({"model": {"name": "m"}, "router": {"pairing": "fastest"}})
