@@ -195,3 +195,11 @@ def test_an_sglang_only_option_with_another_engine_is_refused(command: str) -> N
         proc.stderr.strip()
         == "fluidpd: error: --sglang-prefill-batching: only with --engine sglang"
     )
+
+
+@pytest.mark.parametrize("command", ["sim", "router", "up"])
+def test_every_command_that_pairs_offers_every_pairing(command: str) -> None:
+    proc = fluidpd(command, "--pairing", "fastest")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    offered = "'round-robin', 'least-loaded', 'random'"
+    assert f"--pairing: invalid choice: 'fastest' (choose from {offered})" in proc.stderr

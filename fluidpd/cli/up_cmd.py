@@ -61,6 +61,7 @@ from fluidpd.cli.sidecar_cmd import (
     check_engine_options,
     sglang_sidecar_args,
 )
+from fluidpd.core.pairing import PAIRINGS
 from fluidpd.profiles import resolve_profile
 from fluidpd.sim.policies import MECHANISMS, parse_pd
 
@@ -148,9 +149,9 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument(
         "--pairing",
-        choices=("round-robin", "least-loaded"),
+        choices=PAIRINGS,
         default="round-robin",
-        help="how the router pairs a prefill with a decode worker",
+        help="how the router pairs a prefill with a decode worker (fluidpd router --help)",
     )
     add_float(p, "--first-token-timeout", 60.0, "router: cancel without a first token after, s")
     p.add_argument(
