@@ -94,9 +94,9 @@ def plan_migration(
     plan = MigrationPlan()
     for m in order:
         open_ = [n for n in room if (m.rid, n) not in barred]
-        fits = [n for n in open_ if room[n][0] >= m.commitment and room[n][1] > 0]
         if not open_:
             continue
+        fits = [n for n in open_ if room[n][0] >= m.commitment and room[n][1] > 0]
         best = max(fits or open_, key=lambda n: (room[n][0], n))
         room[best][0] -= m.commitment
         room[best][1] -= 1

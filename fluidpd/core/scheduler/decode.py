@@ -146,9 +146,18 @@ class DecodeSide:
     def held(self) -> int:
         return len(self.commits)
 
-    def _hold(self, req: Request) -> bool:
+    def _hold(self, req: Request, around_bookings: bool = False) -> bool:
+        """Reserve ``req``'s KV and a slot if they fit (``around_bookings``: leaving the room
+        booked for streams migrating in free)."""
         need = self.commitment(req)
-        if self.held >= self.max_running or self.committed + need > self.kv_capacity:
+        slots = tokens = 0
+        if around_bookings and self.bookings:
+            slots = len(self.bookings)
+            tokens = sum(booked for booked, _ in self.bookings.values())
+        if (
+            self.held + slots >= self.max_running
+            or self.committed + need + tokens > self.kv_capacity
+        ):
             return False
         self.commits[req.rid] = need
         self.committed += need
@@ -183,22 +192,12 @@ class DecodeSide:
         else:
             q.append(req)
 
-    def _clear_of_bookings(self, req: Request) -> bool:
-        """Holding ``req`` leaves the booked KV and slots free."""
-        booked = sum(tokens for tokens, _ in self.bookings.values())
-        return (
-            self.held + 1 + len(self.bookings) <= self.max_running
-            and self.committed + self.commitment(req) + booked <= self.kv_capacity
-        )
-
     def admit(self) -> None:
         """Reserve KV for queued requests in queue order while capacity lasts (SGLang prealloc),
         less the room booked for streams migrating in."""
         while self.admitting and self.prealloc:
             req = self.prealloc[0]
-            if self.bookings and not self._clear_of_bookings(req):
-                return
-            if not self._hold(req):
+            if not self._hold(req, around_bookings=True):
                 return
             self.prealloc.popleft()
             self.reserved[req.rid] = req

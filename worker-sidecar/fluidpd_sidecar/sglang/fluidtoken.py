@@ -18,14 +18,15 @@ SGLang call (compute and transfer) before the next.
 With ``batching`` (``--sglang-prefill-batching``), a request the planner left whole (nothing
 stolen) is handed to SGLang and the next one planned at once (``PrefillSide.hand_over``: its
 predicted compute stays in the core's backlog), so that SGLang batches a burst's forwards as
-its own P/D does; a request with a stolen suffix still waits for the forward before it. A
-replay on an H100 (``results/sglang/h100-live-2026-12-07-abba``) lost 5 pp to SGLang's own
-P/D while an opening burst's backlog cleared, with one request in each prefill batch. Before
-that, the stolen count goes to the decode sidecar (``POST /v1/internal/suffix``, the same
-message the other engines send), which registers it with its SGLang's FluidToken hook
-(``fluidtoken_hook``): the split is known there before the prefix KV can land. If that fails,
-the whole prompt is prefilled instead (always safe: the decode side would at worst recompute
-a suffix whose KV it already has).
+its own P/D does; a request with a stolen suffix still waits for the forward before it. Off
+by default: on an H100 it did not close the 4-5 pp by which this path trailed SGLang's own P/D
+in a burst (``results/sglang/h100-live-2026-12-07-batching``; nothing was stolen there, and
+the router's round-robin pairing against SGLang's random one is a confound). Before the
+prefix goes to SGLang, the stolen count goes to the decode sidecar (``POST
+/v1/internal/suffix``, the same message the other engines send), which registers it with its
+SGLang's FluidToken hook (``fluidtoken_hook``): the split is known there before the prefix KV
+can land. If that fails, the whole prompt is prefilled instead (always safe: the decode side
+would at worst recompute a suffix whose KV it already has).
 
 SGLang's own bootstrap queue keeps gating the prefill server on the decode side's KV
 pre-allocation, so a request enters the planner's waiting queue on arrival.
