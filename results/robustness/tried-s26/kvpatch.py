@@ -16,7 +16,11 @@ def decode_miss(self, d, n_decode, scale=1.0, queued_s=0.0):
     if kv > 0 and math.isfinite(held) and held < load.slots:
         lam = d.rate / n_decode
         slack = max(0.0, self.slo.ttft - d.prefill_s)
-        kv *= math.exp(-(load.slots - held) * lam / held * slack)
+        rate = (load.slots - held) * lam / held
+        if os.environ.get("KVW_CS"):
+            cs2 = max(0.0, d.output2 / d.output**2 - 1.0) if d.output > 0 and d.output2 > 0 else 1.0
+            rate *= 2.0 / (1.0 + cs2)
+        kv *= math.exp(-rate * slack)
     return max(pf.poisson_tail(scale * load.concurrency, load.n_tpot), kv)
 
 pf.CapacityModel.decode_miss = decode_miss
