@@ -34,6 +34,8 @@ def _commit(self, now, workers, source, rec, pressure, forecast, demand, undo=Fa
     away = (pressure.n_prefill <= home) if source is fluidrole.Role.PREFILL else (pressure.n_prefill >= home)
     if undo or forecast is None or not away:
         return d
+    if os.environ.get("UNDO_WITHIN") and (forecast.before >= 1.0 or forecast.burst_before >= 1.0):
+        return d
     after = forecast.mean_loss_after if forecast.mean_arrivals > 0 else forecast.loss_after
     lo = max(now - 60.0, self._last_switch_end, float(sim.workload.arrivals[0]))
     pre = _count(sim, lo, now - sim.cfg.slo.ttft) if now - sim.cfg.slo.ttft > lo else (0, 0)
