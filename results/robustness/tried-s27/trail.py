@@ -9,14 +9,15 @@ arrivals' c_a^2, the decode pool's mean KV wait by Little's law (W) against the 
 """
 import os, sys
 R = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-sys.path[:0] = [os.path.join(R, "tried-s26"), os.path.join(R, "stress")]
+sys.path[:0] = [os.path.join(R, "stress")]
 from dataclasses import replace
 import stress
 from cell_bins import CELLS_PER_SEED
 from fluidpd.core import fluidrole
 from fluidpd.core.types import Role
 from fluidpd.sim.policies import MECHANISMS
-from fluidpd.sim.simulator import SimConfig, simulate
+from fluidpd.sim import robustness as rb
+from fluidpd.sim.simulator import simulate
 
 seed0, index, t0, t1 = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
 STEP = int(os.environ.get("STEP", "2"))
@@ -38,21 +39,17 @@ def observe(self, now, workers, demand=None):
         print(f"t={now:.0f} {p.n_prefill}P{p.n_decode}D ppi{p.ppi_bar:.2f} load{p.dpi_load_bar:.2f} adm{p.dpi_adm_bar:.2f} wait{p.decode_waiting:.1f} busy{p.prefill_busy} rec={self.last_recommendation} out={out} {extra}")
     return out
 fluidrole.FluidRolePolicy.observe = observe
-if len(sys.argv) > 6:
-    from fluidpd.sim import robustness as rb
-    path = sys.argv[6]
-    wl, slo, n, f = sys.argv[5].split()
-    size = rb.on_profile_files(rb.SIZES["full"], [path])
-    s = rb.setup_cell(rb.Cell(wl, (rb.PROFILE_FILE + path, "file"), slo, int(n), float(f)), 0, size)
-    simulate(s.workload, replace(s.base, mechanisms=MECHANISMS["fluidpd"]))
-elif len(sys.argv) > 5:
-    from fluidpd.sim.robustness import Cell, setup_cell, SIZES
-    wl, m, g, slo, n, f = sys.argv[5].split()
-    s = setup_cell(Cell(wl, (m, g), slo, int(n), float(f)), seed0, SIZES["full"])
-    simulate(s.workload, replace(s.base, mechanisms=MECHANISMS["fluidpd"]))
+if len(sys.argv) > 5:
+    # A matrix cell on one of the suite's profiles, or on a profile file (the held-out set).
+    size, fields = rb.SIZES["full"], sys.argv[5].split()
+    if len(sys.argv) > 6:
+        size = rb.on_profile_files(size, [sys.argv[6]])
+        fields[1:1] = [rb.PROFILE_FILE + sys.argv[6], "file"]
+    wl, m, g, slo, n, f = fields
+    s = rb.setup_cell(rb.Cell(wl, (m, g), slo, int(n), float(f)), seed0, size)
+    w, base = s.workload, s.base
 else:
     cell = next(c for c in stress.cells(CELLS_PER_SEED[seed0], seed0) if c[0] == index)
-    _, _, _, _, workers, pd, _, seed = cell
     profile, slo, _, w = stress.cell_trace(cell)
-    cfg = replace(SimConfig(profile, slo, pd, workers - pd), noise=0.05, seed=seed, mechanisms=MECHANISMS["fluidpd"])
-    simulate(w, cfg)
+    base = stress.base_config(cell, profile, slo)
+simulate(w, replace(base, mechanisms=MECHANISMS["fluidpd"]))
