@@ -15,7 +15,7 @@ import stress
 from cell_bins import CELLS_PER_SEED
 from fluidpd.core import fluidrole
 from fluidpd.sim.policies import MECHANISMS
-from fluidpd.sim.simulator import SimConfig, simulate
+from fluidpd.sim.simulator import simulate
 
 orig = fluidrole.FluidRolePolicy._commit
 def commit(self, now, workers, source, rec, pressure, forecast, demand, shared=False):
@@ -31,7 +31,5 @@ def commit(self, now, workers, source, rec, pressure, forecast, demand, shared=F
 fluidrole.FluidRolePolicy._commit = commit
 seed0, index = int(sys.argv[1]), int(sys.argv[2])
 cell = next(c for c in stress.cells(CELLS_PER_SEED[seed0], seed0) if c[0] == index)
-_, _, _, _, workers, pd, _, seed = cell
 profile, slo, _, w = stress.cell_trace(cell)
-cfg = replace(SimConfig(profile, slo, pd, workers - pd), noise=0.05, seed=seed, mechanisms=MECHANISMS["fluidpd"])
-simulate(w, cfg)
+simulate(w, replace(stress.base_config(cell, profile, slo), mechanisms=MECHANISMS["fluidpd"]))
