@@ -22,6 +22,8 @@ def rows(path: Path) -> dict[int, dict[str, object]]:
 
 
 def main() -> None:
+    if not 2 <= len(sys.argv) <= 3:
+        sys.exit("usage: python stress_compare.py DIR [BASEDIR]")
     new_dir = Path(sys.argv[1])
     base_dir = Path(sys.argv[2]) if len(sys.argv) > 2 else None
     below, worst, quick, total = [0, 0], [0.0, 0.0], [0, 0], [0.0, 0.0]
@@ -55,6 +57,8 @@ def main() -> None:
         down += sum(float(x) > float(y) for _, x, y in moved)  # type: ignore[arg-type]
         cells += len(w)
         print(f"draw {n}: {len(w)} cells; {'; '.join(parts)}; moved {moved}")
+    if cells == 0:
+        sys.exit(f"no seedN.jsonl in {new_dir} with a base to compare it with")
     print(f"{cells} cells, mean {total[0] / cells:+.2f} -> {total[1] / cells:+.2f} pp, "
           f"below static - 1 pp {below[0]} -> {below[1]}, worst {worst[0]:+.1f} -> "
           f"{worst[1]:+.1f}, quick-reversal cells {quick[0]} -> {quick[1]}, moved {moved_all} "
