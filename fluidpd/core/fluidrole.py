@@ -437,10 +437,14 @@ class FluidRolePolicy:
         # The decode pool's pressure lags its demand (streams take a while to fill it), so it
         # calibrates the forecast only once the pool has had time to fill since the first
         # arrival (``fill_seconds``, or a whole demand window) and the last switch has settled.
-        filled = demand.full_window or demand.seen_s >= self.model.fill_seconds(demand, p.n_decode)
+        fill = self.model.fill_seconds(demand, p.n_decode)
+        filled = demand.full_window or demand.seen_s >= fill
         # Before then, a reading above the model is still evidence the model is low.
         settled = filled and now >= self._last_switch_end + self.cfg.settle_s
-        observed = self._decode_observed(now, demand.seen_s)
+        # When the pool could first have filled: ``fill`` after the first arrival, which the
+        # demand dates until its window is full.
+        filled_at = -math.inf if demand.full_window else now - demand.seen_s + fill
+        observed = self._decode_observed(now, demand.seen_s, source is Role.PREFILL, filled_at)
         return self.model.forecast(
             demand,
             split,
@@ -459,35 +463,62 @@ class FluidRolePolicy:
         last size change or ``DECODE_HISTORY_S``.
 
         DPI_adm cannot pass 1: what a full pool cannot admit waits for its KV. So the KV the
-        waiting requests would commit (``CapacityModel.waiting_kv``, at the demand's mean
-        request) is added to it, and an overloaded pool reads past 1, by more the longer its
-        queue. Read as 1, a decode worker left alone by a D->P switch ran at 1.00 for four
-        minutes while its queue grew to 23 requests (every request missing TTFT), and the
-        forecast saw no gain in moving a worker back."""
+        waiting requests would commit (at the demand's mean request, by the share of the TTFT
+        slack their wait takes: ``CapacityModel.waiting_pressure``) is added to it, and an
+        overloaded pool reads past 1, by more the longer its queue. Read as 1, a decode
+        worker left alone by a D->P switch ran at 1.00 for four minutes while its queue grew
+        to 23 requests (every request missing TTFT), and the forecast saw no gain in moving a
+        worker back."""
         value = max(p.dpi_load_bar, p.dpi_adm_bar)
         if p.decode_waiting > 0 and self.model is not None and demand is not None:
-            value = max(value, p.dpi_adm_bar + self.model.waiting_kv(demand, p.decode_waiting))
+            value = max(
+                value,
+                p.dpi_adm_bar + self.model.waiting_pressure(demand, p.decode_waiting, p.n_decode),
+            )
         seen = self._decode_seen
         seen.append((now, value))
         # ``seen`` may empty: a wall clock stepped back puts ``now`` before the last switch.
         while seen and seen[0][0] < max(now - DECODE_HISTORY_S, self._last_switch_end):
             seen.popleft()
 
-    def _decode_observed(self, now: float, span_s: float) -> float | None:
-        """The decode pool's pressure for calibration: the latest interval's, or the mean over
-        the demand's window (``span_s``, since the pool last changed size) if that is higher.
+    def _decode_observed(
+        self, now: float, span_s: float, receiving: bool = False, filled_at: float = -math.inf
+    ) -> float | None:
+        """The decode pool's pressure for calibration: its recent spell, or the mean over the
+        demand's window (``span_s``, since the pool last changed size) if that is higher.
 
         The forecast models the pool's mean load at the window's mean rate. One interval's
         pool average swings with every burst and lull: an idle pool in a gap of clustered
         arrivals reads 0, which scaled the decode model down fourfold and sent the
         last-but-one decode worker to prefill, so a lull never reads below the window's mean.
-        A spell busier than the mean is kept as it is: the switch's donor must carry it
-        (a burst of long generations starting at 0.22 against a window mean of about 0.1)."""
+
+        A spell busier than the mean is kept, read over a span that depends on which side of
+        the switch the decode pool is on. As the donor (D->P) it must carry the spell, so the
+        latest interval counts as it is (a burst of long generations starting at 0.22 against
+        a window mean of about 0.1). As the receiver (P->D, ``receiving``) the spell argues
+        for the switch, so it is read as the prefill pool's pressure is, over ``window_s``
+        (eq. (20)'s window): one interval of a burst is no evidence of the load the next
+        ``horizon_s`` will bring. A lone decode worker of short outputs (26 tokens; 1B/H200,
+        gamma arrivals, c_a^2 6.8) read 1.13 in one interval (DPI_adm 0.96 and the KV of 2
+        waiting requests) against 0.55 over 10 s, while static 3P1D missed nothing; the P->D
+        switch on that reading left two prefill workers to a burst of longer prompts (-14.8 pp
+        against static). A decode pool of long outputs fills over many intervals, so its
+        10 s mean follows a real rise (Qwen3-30B-A3B long chats, 0.47 -> 0.76 over 10 s with
+        the latest interval at 1.06: the switch still goes, 63.9 -> 91.6 %).
+
+        Nor does the receiver's window reach back before ``filled_at``, when the pool could
+        first have filled: readings of a pool still filling from empty sit below its level,
+        and they held back by 3 s the P->D switch that four decode workers, full 3 s into a
+        9 s trace at 335 req/s, asked for (stress draw 20, cell 88: 100.0 -> 88.8 %)."""
         since = max(now - span_s, self._last_switch_end)
         values = [v for t, v in self._decode_seen if t >= since]
         if not values:
             return None
-        return max(values[-1], sum(values) / len(values))
+        recent = values[-1:]
+        if receiving:
+            start = max(since, now - self.cfg.window_s, filled_at)
+            recent = [v for t, v in self._decode_seen if t >= start] or recent
+        return max(sum(recent) / len(recent), sum(values) / len(values))
 
     def _proposal(
         self, now: float, p: PoolPressure, demand: Demand, decode_may_give: bool = True

@@ -626,6 +626,26 @@ class CapacityModel:
         commit = kv_commitment(d.prompt, d.output, self.reserve_output_clip)
         return waiting * commit / self.kv_capacity if self.kv_capacity > 0 else math.inf
 
+    def waiting_pressure(self, d: Demand, waiting: float, n_decode: int) -> float:
+        """What ``waiting`` requests queued for one decode worker's KV add to its pressure:
+        their KV (``waiting_kv``) times the share of the TTFT slack (the target less the mean
+        prefill) that their mean wait takes, W = waiting / the worker's share of the rate by
+        Little's law, at most all of it.
+
+        A queue that clears well inside the slack costs no deadlines. Counted whole, two
+        requests that waited 0.2 s of a 0.9 s slack read a lone decode worker at 1.13 where
+        DPI_adm was 0.96, and the P->D switch on that reading left two prefill workers to a
+        burst of longer prompts (1B/H200 short outputs, stress draw 20, cell 15: -14.8 pp
+        against static). A queue that outlasts the slack counts in full: the lone decode
+        worker left by a D->P switch at 1.00 of its KV with 23 requests waiting is past it
+        by all of their KV."""
+        per_worker = d.rate / max(1, n_decode)
+        slack = self.slo.ttft - d.prefill_s
+        share = 1.0
+        if per_worker > 0 and slack > 0:
+            share = min(1.0, waiting / per_worker / slack)
+        return share * self.waiting_kv(d, waiting)
+
     def decode_ratio(self, d: Demand, n_decode: int, queued_s: float = 0.0) -> float:
         """max(concurrency / N_TPOT, committed KV / capacity) for ``n_decode`` workers within
         capacity; past it, the tokens asked for over the tokens the pool delivers

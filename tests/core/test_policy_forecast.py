@@ -335,6 +335,50 @@ def test_requests_waiting_for_decode_kv_read_past_a_full_pool() -> None:
     assert forecast(0.3 + waiting).donor_after > forecast(0.3).donor_after
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    rate=st.floats(0.5, 40.0),
+    n_decode=st.integers(1, 8),
+    waiting=st.floats(0.1, 40.0),
+)
+def test_a_kv_queue_counts_by_the_share_of_the_slack_its_wait_takes(
+    rate: float, n_decode: int, waiting: float
+) -> None:
+    # Little's law: requests queued for one worker's KV wait W = waiting / (rate / n_decode).
+    # Their KV counts by W's share of the TTFT slack, whole once W passes it, and never more.
+    d = demand(rate, 2000, 400)
+    slack = MODEL.slo.ttft - d.prefill_s
+    share = min(1.0, waiting / (rate / n_decode) / slack)
+    added = MODEL.waiting_pressure(d, waiting, n_decode)
+    assert added == pytest.approx(share * MODEL.waiting_kv(d, waiting))
+    assert added <= MODEL.waiting_kv(d, waiting)
+    # The longer the same queue waits (fewer arrivals to drain it), the more it counts.
+    assert MODEL.waiting_pressure(demand(rate / 2, 2000, 400), waiting, n_decode) >= added
+
+
+def test_a_brief_kv_queue_does_not_read_a_pool_past_full() -> None:
+    # Two requests that wait 0.2 s of the slack for a lone decode worker's KV cost no
+    # deadlines: its reading stays near DPI_adm (0.96) rather than past 1, so the forecast
+    # of a P->D switch is calibrated as by a pool at its edge, not past it. A queue of 40
+    # waits past the slack and counts in full.
+    d = replace(demand(10.0, 2000, 400), seen_s=60.0)
+    brief = MODEL.waiting_pressure(d, 2, 1)
+    assert MODEL.slo.ttft - d.prefill_s > 2 / 10.0
+    assert brief < 0.5 * MODEL.waiting_kv(d, 2)
+    assert MODEL.waiting_pressure(d, 40, 1) == MODEL.waiting_kv(d, 40)
+    for waiting, observed in ((2, 0.96 + brief), (40, 0.96 + MODEL.waiting_kv(d, 40))):
+        policy = FluidRolePolicy(replace(CFG, enabled=False), MODEL)
+        policy.observe(0.0, fleet(3, 1, 0.3, 0.5, 0.96, busy=0.4, waiting=waiting), d)
+        p = policy.last_pressure
+        assert p is not None
+        got = policy._forecast(0.0, p, d, Role.DECODE)
+        want = MODEL.forecast(
+            d, Split(3, 1), Role.DECODE, CFG.horizon_s, True, observed, p.ppi_bar,
+            p.prefill_busy, margin=CFG.gain_margin,
+        )  # fmt: skip
+        assert repr(got) == repr(want)
+
+
 def test_late_prompts_behind_decode_admission_are_not_prefill_saturation() -> None:
     # After a P->D switch relieved a saturated decode pool, prompts that waited for decode
     # KV are far past their deadlines (PPI-bar in the hundreds) while the prefill workers
@@ -371,6 +415,70 @@ def test_a_lull_does_not_calibrate_the_decode_model_down() -> None:
     # A spell busier than the window's mean is taken as it is.
     policy.observe(61.0, fleet(2, 4, 3.0, 0.5, 0.5), d)
     assert repr(policy.last_forecast) == repr(forecast(0.5))
+
+
+@pytest.mark.parametrize(("spell_s", "switches"), [(1, False), (5, False), (15, True)])
+def test_a_decode_spike_alone_does_not_take_a_worker_from_prefill(
+    spell_s: int, switches: bool
+) -> None:
+    # A lone decode worker at 0.3 for a minute, then full (DPI_adm 0.97, 3 requests waiting
+    # for KV) for the last ``spell_s`` intervals. As the receiver of a P->D switch it is read
+    # over eq. (20)'s window: a burst of a few intervals is no evidence for the switch, a
+    # spell that fills the window is (before, one interval of it took the switch).
+    policy = FluidRolePolicy(replace(CFG, n_persist=3), MODEL)
+    d = replace(demand(2.0, 2000, 1000), seen_s=60.0)
+    switched = False
+    for t in range(60):
+        full = t >= 60 - spell_s
+        signals = fleet(3, 1, 0.3, 0.3, 0.97 if full else 0.3, busy=0.4, waiting=3 if full else 0)
+        decision = policy.observe(float(t), signals, d)
+        if isinstance(decision, SwitchDecision):
+            assert decision.source is Role.PREFILL
+            switched = True
+            break
+    assert switched is switches
+
+
+def test_a_filling_decode_pool_is_read_from_when_it_has_filled() -> None:
+    # The first half-minute of a trace: two decode workers fill from empty over 24 s, then
+    # hold. As a P->D receiver the pool is read over eq. (20)'s window, but not before it
+    # could have filled (``fill_seconds`` after the first arrival): the readings of its
+    # filling would hold back a switch that its level asks for. As a D->P donor it is read
+    # at its latest interval.
+    cfg = replace(CFG, enabled=False)
+    policy = FluidRolePolicy(cfg, MODEL)
+    base = demand(25.0, 500, 500)
+    readings = [min(0.8, 0.8 * t / 24) for t in range(29)] + [0.7]
+    for t, adm in enumerate(readings):
+        d = replace(base, full_window=False, seen_s=t + 0.5, samples=int(25 * (t + 0.5)))
+        policy.observe(float(t), fleet(4, 2, 0.3, 0.8 * adm, adm, busy=0.4), d)
+    now = len(readings) - 1.0
+    start = now - d.seen_s + MODEL.fill_seconds(d, 2)
+    assert now - cfg.window_s < start < now - 1.0
+    kept = [v for t, v in enumerate(readings) if t >= start]
+    window = [v for t, v in enumerate(readings) if t >= now - cfg.window_s]
+    p = policy.last_pressure
+    assert p is not None
+
+    def forecast(source: Role, observed: float) -> Forecast:
+        return MODEL.forecast(
+            d,
+            Split(4, 2),
+            source,
+            cfg.horizon_s,
+            True,
+            observed,
+            p.ppi_bar,
+            p.prefill_busy,
+            margin=cfg.gain_margin,
+        )
+
+    receiver = policy._forecast(now, p, d, Role.PREFILL)
+    assert repr(receiver) == repr(forecast(Role.PREFILL, sum(kept) / len(kept)))
+    assert receiver.before > forecast(Role.PREFILL, sum(window) / len(window)).before
+    donor = policy._forecast(now, p, d, Role.DECODE)
+    assert repr(donor) == repr(forecast(Role.DECODE, readings[-1]))
+    assert repr(donor) != repr(forecast(Role.DECODE, sum(kept) / len(kept)))
 
 
 def test_clustered_arrivals_count_as_fewer_samples() -> None:
