@@ -444,7 +444,9 @@ class FluidRolePolicy:
         # When the pool could first have filled: ``fill`` after the first arrival, which the
         # demand dates until its window is full.
         filled_at = -math.inf if demand.full_window else now - demand.seen_s + fill
-        observed = self._decode_observed(now, demand.seen_s, source is Role.PREFILL, filled_at)
+        # The way back of a D->P switch is no receiver's bet (``_decode_observed``).
+        receiving = source is Role.PREFILL and self._last_direction is not Recommendation.D_TO_P
+        observed = self._decode_observed(now, demand.seen_s, receiving, filled_at)
         return self.model.forecast(
             demand,
             split,
@@ -509,7 +511,16 @@ class FluidRolePolicy:
         Nor does the receiver's window reach back before ``filled_at``, when the pool could
         first have filled: readings of a pool still filling from empty sit below its level,
         and they held back by 3 s the P->D switch that four decode workers, full 3 s into a
-        9 s trace at 335 req/s, asked for (stress draw 20, cell 88: 100.0 -> 88.8 %)."""
+        9 s trace at 335 req/s, asked for (stress draw 20, cell 88: 100.0 -> 88.8 %).
+
+        A pool that the last switch took a worker from is read as a donor in both directions
+        (the caller's ``receiving`` False): a P->D switch there goes back to the split before,
+        and the pool's spell is evidence against the forecast that let the worker go, not a
+        bet on load to come. Read over the window, the way back of a D->P switch of long chats
+        (Llama-3.1-8B/H100, 4 workers, 1 s TTFT), its one decode worker full with 26 requests
+        waiting for its KV, came 77 s late, when only the starvation undo could take it, since
+        the prefill donor was by then at its edge (static 62.4 %, FluidPD 52.1 %; 64.2 % read
+        at the latest interval)."""
         since = max(now - span_s, self._last_switch_end)
         values = [v for t, v in self._decode_seen if t >= since]
         if not values:

@@ -439,6 +439,50 @@ def test_a_decode_spike_alone_does_not_take_a_worker_from_prefill(
     assert switched is switches
 
 
+def test_the_way_back_of_a_d_to_p_switch_reads_the_decode_pool_as_it_is() -> None:
+    # A decode pool at 0.3 for half a minute, then full with requests waiting for its KV in
+    # the latest interval. As the receiver of a first P->D switch it is read over eq. (20)'s
+    # window; where the last switch took a worker from it (D->P), a P->D switch goes back to
+    # the split before, and the pool is read at its latest interval.
+    readings = [0.3] * 30 + [0.97]
+
+    def way_back(policy: FluidRolePolicy, d: Demand, n_p: int, n_d: int, t0: float) -> Forecast:
+        quiet = replace(policy.cfg, enabled=False)
+        policy.cfg = quiet
+        for i, adm in enumerate(readings):
+            waiting = 3 if adm > 0.5 else 0
+            signals = fleet(n_p, n_d, 0.2, 0.3, adm, busy=0.4, waiting=waiting)
+            policy.observe(t0 + i, signals, d)
+        p = policy.last_pressure
+        assert p is not None
+        return policy._forecast(t0 + len(readings) - 1, p, d, Role.PREFILL)
+
+    switched, _ = _switched_from_2p4d()
+    # Long generations after the switch (the model puts 3 decode workers at 0.26), so the
+    # decode pool's reading moves the forecast within the calibration's bounds.
+    d = replace(demand(6.0, 2000, 1000), seen_s=60.0)
+    latest = way_back(switched, d, 3, 3, 20.0)
+    fresh_policy = FluidRolePolicy(CFG, MODEL)
+    fresh = way_back(fresh_policy, d, 3, 3, 20.0)
+    p = switched.last_pressure
+    assert p is not None
+
+    def forecast(observed: float) -> Forecast:
+        return MODEL.forecast(
+            d, Split(3, 3), Role.PREFILL, CFG.horizon_s, True, observed, p.ppi_bar,
+            p.prefill_busy, margin=CFG.gain_margin,
+        )  # fmt: skip
+
+    now = 20.0 + len(readings) - 1
+    seen = list(fresh_policy._decode_seen)
+    assert seen == list(switched._decode_seen)
+    window = [v for t, v in seen if t >= now - CFG.window_s]
+    assert seen[-1][1] > 2 * sum(window) / len(window)
+    assert repr(latest) == repr(forecast(seen[-1][1]))
+    assert repr(fresh) == repr(forecast(sum(window) / len(window)))
+    assert latest.before > fresh.before
+
+
 def test_a_filling_decode_pool_is_read_from_when_it_has_filled() -> None:
     # The first half-minute of a trace: two decode workers fill from empty over 24 s, then
     # hold. As a P->D receiver the pool is read over eq. (20)'s window, but not before it
