@@ -2,6 +2,7 @@
 
     python heldout.py OUT.jsonl PROFILE.yaml [PROFILE.yaml ...]
     python heldout.py bins PROFILE.yaml WORKLOAD SLO WORKERS FRACTION [BIN_S]
+    python heldout.py compare BASE.jsonl NEW.jsonl
 
 runs every cell of the full matrix (workloads, SLOs, 4 and 8 workers, 0.6/0.9/1.2x r_best) on
 each profile file given, exactly as ``fluidpd sim --suite robustness --suite-size full`` runs its
@@ -9,6 +10,8 @@ own (``fluidpd.sim.robustness.run_cell``, engine noise 0.05, seed 0), and writes
 per cell with the bars it misses (``issues``). Nothing was tuned on these cells. ``bins``
 prints one cell's arrivals and misses per ``BIN_S`` seconds (default 20) for every static split
 and for FluidPD, with FluidPD's switches (``fluidpd.sim.robustness.cell_timeseries``).
+``compare`` prints two runs' overall figures (mean FluidPD - static, cells below static - 1 pp,
+the worst cell, cells with a quick reversal) and every cell whose FluidPD figure moved.
 """
 
 from __future__ import annotations
@@ -43,9 +46,38 @@ def bins(path: str, workload: str, slo: str, workers: int, fraction: float, bin_
     print(rb.cell_timeseries(cell, 0, rb.SIZES["full"], bin_s, profile), end="")
 
 
+def _summary(name: str, rows: dict[tuple[Any, ...], dict[str, Any]]) -> str:
+    gains = [r["vs_static_pp"] for r in rows.values()]
+    return (
+        f"{name}: {len(gains)} cells, mean {sum(gains) / len(gains):+.2f} pp, "
+        f"below static - 1 pp {sum(g < -1 for g in gains)}, worst {min(gains):+.2f} pp, "
+        f"quick-reversal cells {sum(r['quick_reversals'] > 0 for r in rows.values())}"
+    )
+
+
+def compare(base_path: str, new_path: str) -> None:
+    def load(path: str) -> dict[tuple[Any, ...], dict[str, Any]]:
+        with open(path) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+        keys = ("workload", "model", "slo", "workers", "fraction")
+        return {tuple(r[k] for k in keys): r for r in rows}
+
+    base, new = load(base_path), load(new_path)
+    if not base or base.keys() != new.keys():
+        sys.exit(f"error: {base_path} and {new_path} do not hold the same cells")
+    print(_summary("base", base))
+    print(_summary("new ", new))
+    for key in sorted(base):
+        b, n = base[key], new[key]
+        if b["fluidpd"] != n["fluidpd"]:
+            name = " ".join(str(k).split("/")[-1].removesuffix(".yaml") for k in key)
+            print(f"  {name}: {b['vs_static_pp']:+.2f} -> {n['vs_static_pp']:+.2f} pp")
+
+
 _USAGE = (
     "usage: python heldout.py OUT.jsonl PROFILE.yaml [PROFILE.yaml ...]\n"
-    "       python heldout.py bins PROFILE.yaml WORKLOAD SLO WORKERS FRACTION [BIN_S]"
+    "       python heldout.py bins PROFILE.yaml WORKLOAD SLO WORKERS FRACTION [BIN_S]\n"
+    "       python heldout.py compare BASE.jsonl NEW.jsonl"
 )
 
 if __name__ == "__main__":
@@ -62,6 +94,13 @@ if __name__ == "__main__":
         try:
             bins(a[0], a[1], a[2], workers, fraction, bin_s)
         except (ProfileError, WorkloadError) as exc:
+            sys.exit(f"error: {exc}")
+    elif args[:1] == ["compare"]:
+        if len(args) != 3:
+            sys.exit(_USAGE)
+        try:
+            compare(args[1], args[2])
+        except (OSError, ValueError, KeyError) as exc:
             sys.exit(f"error: {exc}")
     elif len(args) >= 2:
         main(args[0], args[1:])
