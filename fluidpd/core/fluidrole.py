@@ -522,13 +522,14 @@ class FluidRolePolicy:
         the prefill donor was by then at its edge (static 62.4 %, FluidPD 52.1 %; 64.2 % read
         at the latest interval)."""
         since = max(now - span_s, self._last_switch_end)
-        values = [v for t, v in self._decode_seen if t >= since]
-        if not values:
+        kept = [(t, v) for t, v in self._decode_seen if t >= since]
+        if not kept:
             return None
+        values = [v for _, v in kept]
         recent = values[-1:]
         if receiving:
-            start = max(since, now - self.cfg.window_s, filled_at)
-            recent = [v for t, v in self._decode_seen if t >= start] or recent
+            start = max(now - self.cfg.window_s, filled_at)
+            recent = [v for t, v in kept if t >= start] or recent
         return max(sum(recent) / len(recent), sum(values) / len(values))
 
     def _proposal(

@@ -77,6 +77,17 @@ def demand(rate: float, prompt: float, output: float) -> Demand:
     return Demand(rate, prompt, output, float(MODEL.prefill.time(prompt)), 1000, True)
 
 
+def settled_forecast(
+    d: Demand, split: Split, source: Role, observed: float, p: PoolPressure
+) -> Forecast:
+    """The forecast a settled policy makes from pool pressure ``p`` with the decode pool read
+    at ``observed``."""
+    return MODEL.forecast(
+        d, split, source, CFG.horizon_s, True, observed, p.ppi_bar, p.prefill_busy,
+        margin=CFG.gain_margin,
+    )  # fmt: skip
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     rate=st.floats(0.1, 60.0),
@@ -372,11 +383,7 @@ def test_a_brief_kv_queue_does_not_read_a_pool_past_full() -> None:
         p = policy.last_pressure
         assert p is not None
         got = policy._forecast(0.0, p, d, Role.DECODE)
-        want = MODEL.forecast(
-            d, Split(3, 1), Role.DECODE, CFG.horizon_s, True, observed, p.ppi_bar,
-            p.prefill_busy, margin=CFG.gain_margin,
-        )  # fmt: skip
-        assert repr(got) == repr(want)
+        assert repr(got) == repr(settled_forecast(d, Split(3, 1), Role.DECODE, observed, p))
 
 
 def test_late_prompts_behind_decode_admission_are_not_prefill_saturation() -> None:
@@ -468,10 +475,7 @@ def test_the_way_back_of_a_d_to_p_switch_reads_the_decode_pool_as_it_is() -> Non
     assert p is not None
 
     def forecast(observed: float) -> Forecast:
-        return MODEL.forecast(
-            d, Split(3, 3), Role.PREFILL, CFG.horizon_s, True, observed, p.ppi_bar,
-            p.prefill_busy, margin=CFG.gain_margin,
-        )  # fmt: skip
+        return settled_forecast(d, Split(3, 3), Role.PREFILL, observed, p)
 
     now = 20.0 + len(readings) - 1
     seen = list(fresh_policy._decode_seen)
@@ -505,17 +509,7 @@ def test_a_filling_decode_pool_is_read_from_when_it_has_filled() -> None:
     assert p is not None
 
     def forecast(source: Role, observed: float) -> Forecast:
-        return MODEL.forecast(
-            d,
-            Split(4, 2),
-            source,
-            cfg.horizon_s,
-            True,
-            observed,
-            p.ppi_bar,
-            p.prefill_busy,
-            margin=cfg.gain_margin,
-        )
+        return settled_forecast(d, Split(4, 2), source, observed, p)
 
     receiver = policy._forecast(now, p, d, Role.PREFILL)
     assert repr(receiver) == repr(forecast(Role.PREFILL, sum(kept) / len(kept)))
