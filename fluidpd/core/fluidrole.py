@@ -320,9 +320,13 @@ class FluidRolePolicy:
     _watch: _Check | None = None
     _starved_since: float | None = None
     _frozen_until: dict[Recommendation, float] = field(default_factory=dict)
-    #: The decode pool's pressure, max(DPI-bar_load, DPI-bar_adm), per interval since its
-    #: size last changed: what calibrates the forecast's decode model.
+    #: The decode pool's pressure (``_note_decode``: max(DPI-bar_load, DPI-bar_adm) but behind
+    #: a saturated prefill pool), per interval since its size last changed: what calibrates
+    #: the forecast's decode model.
     _decode_seen: deque[tuple[float, float]] = field(default_factory=deque)
+    #: DPI-bar_load alone over the same intervals: the decode pool's own streams, which a
+    #: decode donor is checked on too (``_streams_observed``).
+    _streams_seen: deque[tuple[float, float]] = field(default_factory=deque)
     #: Switches the forecast refused, and wrong forecasts undone (for reports).
     refused: int = 0
     undone: int = 0
@@ -458,7 +462,18 @@ class FluidRolePolicy:
             p.prefill_busy,
             None if settled else observed,
             self.cfg.gain_margin,
+            self._streams_observed(now, demand.seen_s) if source is Role.DECODE else None,
         )
+
+    def _streams_observed(self, now: float, span_s: float) -> float | None:
+        """The decode pool's streams (DPI-bar_load alone) as a donor is read: its latest
+        interval, or the mean since the pool last changed size (within ``span_s``) if that is
+        higher. ``CapacityModel.forecast`` checks a decode donor on them (``observed_streams``)."""
+        since = max(now - span_s, self._last_switch_end)
+        values = [v for t, v in self._streams_seen if t >= since]
+        if not values:
+            return None
+        return max(values[-1], sum(values) / len(values))
 
     def _note_decode(self, now: float, p: PoolPressure, demand: Demand | None = None) -> None:
         """Keeps this interval's decode-pool pressure, dropping what precedes the pool's
@@ -470,18 +485,34 @@ class FluidRolePolicy:
         overloaded pool reads past 1, by more the longer its queue. Read as 1, a decode
         worker left alone by a D->P switch ran at 1.00 for four minutes while its queue grew
         to 23 requests (every request missing TTFT), and the forecast saw no gain in moving a
-        worker back."""
+        worker back.
+
+        Behind a saturated prefill pool (``prefill_saturated``) DPI_adm is not the decode
+        pool's own load: KV is reserved at dispatch, so the prompts queued for prefill hold
+        it, and requests wait for KV that the prefill backlog holds. There the pool reads as
+        its streams (DPI_load) plus the KV the model's requests hold while they wait out the
+        TTFT budget and prefill (``CapacityModel.reserved_kv``), at most DPI_adm, and its
+        waiting requests add nothing. Read as DPI_adm, a burst of long chats (Llama-3.1-8B/
+        A100, 4P4D, 2 s TTFT, the matrix's seed 2) put the four decode workers at 2-4 times
+        the model while their streams held 0.2-0.3 of their KV; the D->P switch to the
+        oracle's 5P3D was refused 100 times, its three decode workers read past capacity at
+        the peak (static 32.8 %, FluidPD 32.8 %; 50.9 % read so, switching at 184 s; 5P3D
+        59.5 %)."""
         value = max(p.dpi_load_bar, p.dpi_adm_bar)
-        if p.decode_waiting > 0 and self.model is not None and demand is not None:
+        if prefill_saturated(p, self.cfg) and self.model is not None and demand is not None:
+            reserved = self.model.reserved_kv(demand, p.n_decode)
+            value = max(p.dpi_load_bar, min(p.dpi_adm_bar, p.dpi_load_bar + reserved))
+        elif p.decode_waiting > 0 and self.model is not None and demand is not None:
             value = max(
                 value,
                 p.dpi_adm_bar + self.model.waiting_pressure(demand, p.decode_waiting, p.n_decode),
             )
-        seen = self._decode_seen
-        seen.append((now, value))
-        # ``seen`` may empty: a wall clock stepped back puts ``now`` before the last switch.
-        while seen and seen[0][0] < max(now - DECODE_HISTORY_S, self._last_switch_end):
-            seen.popleft()
+        oldest = max(now - DECODE_HISTORY_S, self._last_switch_end)
+        for seen, reading in ((self._decode_seen, value), (self._streams_seen, p.dpi_load_bar)):
+            seen.append((now, reading))
+            # ``seen`` may empty: a wall clock stepped back puts ``now`` before the last switch.
+            while seen and seen[0][0] < oldest:
+                seen.popleft()
 
     def _decode_observed(
         self, now: float, span_s: float, receiving: bool = False, filled_at: float = -math.inf

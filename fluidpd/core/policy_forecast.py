@@ -620,6 +620,15 @@ class CapacityModel:
             reserved=d.rate / n_decode * (queued_s + d.prefill_s),
         )
 
+    def reserved_kv(self, d: Demand, n_decode: int) -> float:
+        """The share of one decode worker's KV that requests hold, reserved at dispatch, while
+        they queue for prefill (at most the TTFT budget's wait) and while their prefill runs."""
+        if n_decode <= 0 or self.kv_capacity <= 0:
+            return math.inf
+        budget = max(0.0, self.slo.ttft - d.attainable_prefill_s(self.slo.ttft))
+        commit = kv_commitment(d.prompt, d.output, self.reserve_output_clip)
+        return d.rate / n_decode * (budget + d.prefill_s) * commit / self.kv_capacity
+
     def waiting_kv(self, d: Demand, waiting: float) -> float:
         """The KV ``waiting`` requests would commit (prompt + clipped output each, at the
         demand's means), as a fraction of one worker's capacity."""
@@ -661,6 +670,25 @@ class CapacityModel:
         # Within capacity, or requests not yet decoding hold all of the KV (their wait is the
         # prefill queue's): the streams and KV asked for.
         return load.demand_ratio
+
+    def decode_stream_ratio(self, d: Demand, n_decode: int) -> float:
+        """What a decode worker's own streams hold, as eq. (7)'s DPI_load measures it:
+        max(active KV / capacity, concurrency / N_TPOT), the streams' context at the mean
+        prompt plus half the mean output, with no KV reserved for requests not yet decoding;
+        past capacity, the throughput ratio (``DecodeLoad.throughput_ratio``)."""
+        if d.rate <= 0:
+            return 0.0
+        if n_decode <= 0:
+            return math.inf
+        load = replace(self.decode_load(d, n_decode), reserved=0.0)
+        past = load.throughput_ratio
+        if 1.0 < past < math.inf:
+            return past
+        if not math.isfinite(load.concurrency) or load.n_tpot <= 0:
+            return math.inf
+        ctx = d.prompt + d.output / 2.0
+        kv = load.concurrency * ctx / self.kv_capacity if self.kv_capacity > 0 else math.inf
+        return max(load.concurrency / load.n_tpot, kv)
 
     def decode_demand_ratio(self, d: Demand, n_decode: int, queued_s: float = 0.0) -> float:
         """max(concurrency / N_TPOT, committed KV / capacity) for ``n_decode`` workers at any
@@ -806,6 +834,7 @@ class CapacityModel:
         observed_busy: float | None = None,
         filling_decode: float | None = None,
         margin: float = 0.0,
+        observed_streams: float | None = None,
     ) -> Forecast:
         """The switch's forecast. ``observed_decode`` (max of the decode pool's DPI-bar_load
         and DPI-bar_adm, the same ratio measured) and ``observed_prefill`` (PPI-bar: queued
@@ -816,6 +845,20 @@ class CapacityModel:
 
         ``margin`` raises the rate's upper bound for the losses every switch is checked at
         (``Demand.beyond``, ``Forecast.loses_beyond``).
+
+        ``observed_streams`` (DPI-bar_load alone, the streams' own KV and batch) checks a
+        decode donor on its streams too: ``donor_after`` is at least the streams the pool
+        left would hold at the peak (``decode_stream_ratio``), scaled by the streams
+        observed over the model's. The calibration by the whole reading scales the KV that
+        the prefill queue holds with the streams, and the model's queue moves with the
+        switch. Behind one prefill worker busy 96 % of the time the model put the queue at
+        its whole TTFT budget and its reservations past the three decode workers' KV, where
+        DPI_adm read 0.69: the scale of 0.43 this gave was carried over to the two workers a
+        D->P switch would leave, whose queue the second prefill worker would clear, and read
+        them at 0.68 of capacity at the peak, while their streams alone were past it. They
+        saturated at once (stress draw 24, cell 8: Llama-3.2-1B/H200, 4 workers, 3.4K-token
+        prompts at 30.8 req/s: static 40.1 %, FluidPD 26.2 %; 40.4 % checked so, with no
+        switch).
 
         ``filling_decode`` is the same decode reading taken before the pool has settled (it
         is still filling, since the first arrival or the last switch): a lower bound of its
@@ -873,6 +916,10 @@ class CapacityModel:
                 bound = MAX_SCALE
             queued = self.prefill_wait(peak, left.n_prefill, p_scale)
             donor = bound * self.decode_demand_ratio(peak, left.n_decode, queued)
+            if observed_streams is not None:
+                streams = self.decode_stream_ratio(d, split.n_decode)
+                streams = decode_scale(streams, observed_streams)
+                donor = max(donor, streams * self.decode_stream_ratio(peak, left.n_decode))
             kept = self.prefill_wait(peak, split.n_prefill, p_scale)
             donor_tail = self.decode_miss(peak, left.n_decode, bound, queued) - self.decode_miss(
                 peak, split.n_decode, scale, kept

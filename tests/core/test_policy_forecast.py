@@ -107,8 +107,9 @@ def test_switch_taken_only_when_forecast_gain_beats_cost(
     # pool average as the policy sums it) and PPI-bar 3.0.
     observed = sum([0.05] * n_d) / n_d
     f = MODEL.forecast(
-        d, Split(n_p, n_d), Role.DECODE, CFG.horizon_s, True, observed, 3.0, margin=CFG.gain_margin
-    )
+        d, Split(n_p, n_d), Role.DECODE, CFG.horizon_s, True, observed, 3.0,
+        margin=CFG.gain_margin, observed_streams=observed,
+    )  # fmt: skip
     assert repr(policy.last_forecast) == repr(f)  # repr: nan == nan
     took = isinstance(decision, SwitchDecision)
     # PPI-bar 3.0 with no busy report is prefill saturation, decode at 0.05 is not: the
@@ -325,13 +326,12 @@ def test_both_phases_saturated_later_does_not_undo() -> None:
 def test_requests_waiting_for_decode_kv_read_past_a_full_pool() -> None:
     # DPI_adm stops at 1; the KV the requests waiting for it would commit is added, so the
     # calibration sees how far past capacity a pool is whose KV is taken. (Eq. 22 proposes
-    # D->P, so the policy forecasts it with the calibration it read.)
+    # D->P, so the policy forecasts it with the calibration it read.) The prefill workers are
+    # busy half of the time: the prompts are late behind decode admission, not the prefill
+    # pool's backlog.
     policy = FluidRolePolicy(CFG, MODEL)
     d = replace(demand(10.0, 2000, 800), seen_s=60.0)
-    taken = [
-        replace(w, kv_waiting=6) if w.role is Role.DECODE else w for w in fleet(2, 4, 3.0, 0.2, 0.3)
-    ]
-    policy.observe(0.0, taken, d)
+    policy.observe(0.0, fleet(2, 4, 3.0, 0.2, 0.3, busy=0.5, waiting=6), d)
     waiting = MODEL.waiting_kv(d, 6)
     assert waiting == pytest.approx(
         6 * (2000 + min(800, MODEL.reserve_output_clip)) / MODEL.kv_capacity
@@ -339,8 +339,9 @@ def test_requests_waiting_for_decode_kv_read_past_a_full_pool() -> None:
 
     def forecast(observed: float) -> Forecast:
         return MODEL.forecast(
-            d, Split(2, 4), Role.DECODE, CFG.horizon_s, True, observed, 3.0, margin=CFG.gain_margin
-        )
+            d, Split(2, 4), Role.DECODE, CFG.horizon_s, True, observed, 3.0, 0.5,
+            margin=CFG.gain_margin, observed_streams=0.2,
+        )  # fmt: skip
 
     assert repr(policy.last_forecast) == repr(forecast(0.3 + waiting))
     assert forecast(0.3 + waiting).donor_after > forecast(0.3).donor_after
@@ -635,8 +636,9 @@ def test_the_policy_reads_an_unsettled_decode_pool_as_a_lower_bound() -> None:
     policy = FluidRolePolicy(CFG, MODEL)
     policy.observe(0.0, fleet(3, 3, 3.0, 0.3, 0.3), d)
     f = MODEL.forecast(
-        d, Split(3, 3), Role.DECODE, CFG.horizon_s, True, None, 3.0, None, 0.3, CFG.gain_margin
-    )
+        d, Split(3, 3), Role.DECODE, CFG.horizon_s, True, None, 3.0, None, 0.3, CFG.gain_margin,
+        observed_streams=0.3,
+    )  # fmt: skip
     assert repr(policy.last_forecast) == repr(f)
     model_only = MODEL.forecast(d, Split(3, 3), Role.DECODE, CFG.horizon_s, True, None, 3.0)
     assert f.donor_after > model_only.donor_after
@@ -889,6 +891,91 @@ def test_poisson_tail_is_a_probability() -> None:
     assert poisson_tail(0.0, 10) == 0.0
     assert poisson_tail(100.0, 50) > 0.99 and poisson_tail(50.0, 100) < 1e-6
     assert 0.4 < poisson_tail(100.0, 100) < 0.6
+
+
+def test_a_decode_pool_behind_a_saturated_prefill_queue_reads_its_streams() -> None:
+    # KV is reserved at dispatch: behind a prefill pool far past its deadlines and busy, the
+    # prompts queued for prefill fill DPI_adm and requests wait for KV the backlog holds. The
+    # pool then reads as its streams (DPI_load) plus the KV the model's requests hold while
+    # they wait out the TTFT budget and prefill, never above DPI_adm; with the prefill workers
+    # busy half of the time, the same pool reads DPI_adm plus its waiting requests' KV.
+    d = replace(demand(4.0, 4000, 400), seen_s=60.0)
+    commit = 4000 + min(400, MODEL.reserve_output_clip)
+    budget = SLO_.ttft - d.attainable_prefill_s(SLO_.ttft)
+    reserved = MODEL.reserved_kv(d, 4)
+    assert reserved == pytest.approx(4.0 / 4 * (budget + d.prefill_s) * commit / MODEL.kv_capacity)
+    assert 0.2 + reserved < 0.9
+
+    def reading(busy: float) -> float:
+        policy = FluidRolePolicy(replace(CFG, enabled=False), MODEL)
+        policy.observe(0.0, fleet(4, 4, 3.0, 0.2, 0.9, busy=busy, waiting=6), d)
+        return policy._decode_seen[-1][1]
+
+    assert reading(0.97) == pytest.approx(0.2 + reserved)
+    assert reading(0.5) == pytest.approx(0.9 + MODEL.waiting_pressure(d, 6, 4))
+    # A pool whose own streams fill it reads them, whatever holds the prefill pool.
+    policy = FluidRolePolicy(replace(CFG, enabled=False), MODEL)
+    policy.observe(0.0, fleet(4, 4, 3.0, 0.85, 0.9, busy=0.97, waiting=6), d)
+    assert policy._decode_seen[-1][1] == pytest.approx(min(0.9, 0.85 + reserved))
+
+
+TINY = CapacityModel.from_profile(resolve_profile("llama-3.2-1b", "h200", None), SLO(3.0, 0.15))
+
+
+def test_a_decode_donor_must_carry_its_own_streams() -> None:
+    # One prefill worker at its capacity by the model (busy 1.01) puts the queue at the whole
+    # TTFT budget and the KV it reserves past the three decode workers' capacity (1.7 of it),
+    # where DPI_adm reads 0.69: calibrated by that reading alone, the two decode workers a D->P
+    # switch leaves (whose queue the second prefill worker clears) read 0.52 at the peak. Their
+    # streams alone, as DPI_load reads them (0.5 against the model's 0.53 for three), are past
+    # capacity there; so is the donor (stress draw 24, cell 8).
+    d = Demand(29.6, 4732, 453, 0.034, 1000, True, seen_s=60.0)
+    split = Split(1, 3)
+    assert TINY.prefill_busy(d, 1) > 1.0
+    assert TINY.decode_ratio(d, 3, TINY.prefill_wait(d, 1)) > 1.5
+
+    def forecast(streams: float | None) -> Forecast:
+        return TINY.forecast(
+            d, split, Role.DECODE, CFG.horizon_s, True, 0.69, 0.35, 0.96,
+            margin=CFG.gain_margin, observed_streams=streams,
+        )  # fmt: skip
+
+    assert forecast(None).donor_after < 1.0
+    assert forecast(0.5).donor_after > 1.0
+    assert not clearly_worth(forecast(0.5), CFG.gain_margin)
+    # The policy reads the streams and checks its decode donors on them.
+    policy = FluidRolePolicy(CFG, TINY)
+    signals = fleet(1, 3, 0.35, 0.5, 0.69, busy=0.96)
+    assert not isinstance(policy.observe(0.0, signals, d), SwitchDecision)
+    f = policy._forecast(0.0, policy.last_pressure, d, Role.DECODE)  # type: ignore[arg-type]
+    assert repr(f) == repr(forecast(0.5))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    rate=st.floats(0.5, 40.0),
+    prompt=st.floats(100.0, 12000.0),
+    output=st.floats(1.0, 1500.0),
+    n_p=st.integers(1, 6),
+    n_d=st.integers(2, 6),
+    observed=st.floats(0.0, 1.5),
+    streams=st.floats(0.0, 1.5),
+)
+def test_the_streams_check_only_raises_a_decode_donor(
+    rate: float, prompt: float, output: float, n_p: int, n_d: int, observed: float, streams: float
+) -> None:
+    # The streams' reading never makes a decode donor look lighter, and a prefill donor's
+    # forecast does not read it.
+    d = demand(rate, prompt, output)
+    split = Split(n_p, n_d)
+
+    def forecast(source: Role, s: float | None) -> Forecast:
+        return MODEL.forecast(
+            d, split, source, CFG.horizon_s, True, observed, 0.5, 0.5, observed_streams=s
+        )
+
+    assert forecast(Role.DECODE, streams).donor_after >= forecast(Role.DECODE, None).donor_after
+    assert repr(forecast(Role.PREFILL, streams)) == repr(forecast(Role.PREFILL, None))
 
 
 def test_requests_waiting_for_prefill_hold_decode_kv() -> None:
