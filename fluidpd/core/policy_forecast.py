@@ -589,12 +589,17 @@ class CapacityModel:
             return math.inf
         return self.prefill_busy(d, n_prefill) / headroom
 
+    def queue_budget(self, d: Demand) -> float:
+        """The longest a prompt may queue for prefill and still meet TTFT: the target less
+        the mean prefill time of the prompts that can meet it."""
+        return max(0.0, self.slo.ttft - d.attainable_prefill_s(self.slo.ttft))
+
     def prefill_wait(self, d: Demand, n_prefill: int, scale: float = 1.0) -> float:
         """Mean seconds a prompt waits in the prefill queue (Kingman's mean wait for one of
         ``n_prefill`` workers, at the busy fraction times the calibration ``scale``), at most
         its TTFT budget: past it the prompt
         is lost to the SLO whatever it waits, which ``prefill_miss`` counts."""
-        budget = max(0.0, self.slo.ttft - d.attainable_prefill_s(self.slo.ttft))
+        budget = self.queue_budget(d)
         busy = scale * self.prefill_busy(d, n_prefill)
         if busy <= 0:
             return 0.0
@@ -625,7 +630,7 @@ class CapacityModel:
         they queue for prefill (at most the TTFT budget's wait) and while their prefill runs."""
         if n_decode <= 0 or self.kv_capacity <= 0:
             return math.inf
-        budget = max(0.0, self.slo.ttft - d.attainable_prefill_s(self.slo.ttft))
+        budget = self.queue_budget(d)
         commit = kv_commitment(d.prompt, d.output, self.reserve_output_clip)
         return d.rate / n_decode * (budget + d.prefill_s) * commit / self.kv_capacity
 
