@@ -299,3 +299,11 @@ fluidpd evaluate --workload azure-mixed --rps 20 --num-requests 2000 --pd 4P4D \
 # Result: static 78.2 %, FluidPD 96.0 % live (+17.8 pp; simulated 78.6 / 96.0 %), one switch,
 # 180,101 prompt tokens stolen, TPOT attainment 100 % both. FluidPD >= static - 1 pp holds on
 # both.
+
+# Issue #14 at b6f5fe8 (a decode donor checked on its own streams, results/robustness/streams-check/),
+# the long-context slice only, run while nothing else ran; admin tokens, pid files and per-request
+# files removed, logs gzipped.
+fluidpd evaluate --workload long-chat-poisson --rps 4 --num-requests 240 --pd 4P4D \
+  --policies static,fluidpd --seed 0 --out results/live/long-chat-poisson-240-4rps-2026-12-07
+# Result: static 97.1 %, FluidPD 98.8 % live (+1.7 pp; simulated 97.1 / 98.8 %), two switches,
+# 1,110 prompt tokens stolen, TPOT attainment 100 % both. FluidPD >= static - 1 pp holds.
