@@ -307,3 +307,8 @@ fluidpd evaluate --workload long-chat-poisson --rps 4 --num-requests 240 --pd 4P
   --policies static,fluidpd --seed 0 --out results/live/long-chat-poisson-240-4rps-2026-12-07
 # Result: static 97.1 %, FluidPD 98.8 % live (+1.7 pp; simulated 97.1 / 98.8 %), two switches,
 # 1,110 prompt tokens stolen, TPOT attainment 100 % both. FluidPD >= static - 1 pp holds.
+fluidpd evaluate --workload azure-mixed --rps 20 --num-requests 2000 --pd 4P4D \
+  --policies static,fluidpd --seed 0 --out results/live/azure-mixed-2000-20rps-2026-12-07
+# Result: static 78.2 %, FluidPD 94.6 % live (+16.4 pp; simulated 78.6 / 96.0 %), two switches,
+# 178,258 prompt tokens stolen, 0 failed, TPOT attainment 100 % both. FluidPD >= static - 1 pp holds on
+# both slices.

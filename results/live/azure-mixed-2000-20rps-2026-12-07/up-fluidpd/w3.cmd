@@ -1,0 +1,1 @@
+/work/main/.venv/bin/python -m fluidpd.cli.main sidecar --id w3 --role prefill --host 127.0.0.1 --port 40265 --engine sim --kv-transfer sim --kv-arena-mib 1024 --ttft-slo 2.0 --tpot-slo 0.1 --eta 1.25 --token-dpi-load-high 0.6 --model llama-3.1-8b --gpu a100-80gb --noise 0.05 --drift 1.0 --seed 3 --log-level info
