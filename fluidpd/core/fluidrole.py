@@ -469,11 +469,7 @@ class FluidRolePolicy:
         """The decode pool's streams (DPI-bar_load alone) as a donor is read: its latest
         interval, or the mean since the pool last changed size (within ``span_s``) if that is
         higher. ``CapacityModel.forecast`` checks a decode donor on them (``observed_streams``)."""
-        since = max(now - span_s, self._last_switch_end)
-        values = [v for t, v in self._streams_seen if t >= since]
-        if not values:
-            return None
-        return max(values[-1], sum(values) / len(values))
+        return self._spell(self._streams_seen, now, span_s)
 
     def _note_decode(self, now: float, p: PoolPressure, demand: Demand | None = None) -> None:
         """Keeps this interval's decode-pool pressure, dropping what precedes the pool's
@@ -552,8 +548,21 @@ class FluidRolePolicy:
         waiting for its KV, came 77 s late, when only the starvation undo could take it, since
         the prefill donor was by then at its edge (static 62.4 %, FluidPD 52.1 %; 64.2 % read
         at the latest interval)."""
+        return self._spell(self._decode_seen, now, span_s, receiving, filled_at)
+
+    def _spell(
+        self,
+        seen: deque[tuple[float, float]],
+        now: float,
+        span_s: float,
+        receiving: bool = False,
+        filled_at: float = -math.inf,
+    ) -> float | None:
+        """``seen``'s recent spell (its latest interval; a receiver's window from
+        ``filled_at``) or its mean since the pool last changed size within ``span_s``,
+        whichever is higher (``_decode_observed``)."""
         since = max(now - span_s, self._last_switch_end)
-        kept = [(t, v) for t, v in self._decode_seen if t >= since]
+        kept = [(t, v) for t, v in seen if t >= since]
         if not kept:
             return None
         values = [v for _, v in kept]

@@ -628,11 +628,9 @@ class CapacityModel:
     def reserved_kv(self, d: Demand, n_decode: int) -> float:
         """The share of one decode worker's KV that requests hold, reserved at dispatch, while
         they queue for prefill (at most the TTFT budget's wait) and while their prefill runs."""
-        if n_decode <= 0 or self.kv_capacity <= 0:
+        if n_decode <= 0:
             return math.inf
-        budget = self.queue_budget(d)
-        commit = kv_commitment(d.prompt, d.output, self.reserve_output_clip)
-        return d.rate / n_decode * (budget + d.prefill_s) * commit / self.kv_capacity
+        return self.waiting_kv(d, d.rate / n_decode * (self.queue_budget(d) + d.prefill_s))
 
     def waiting_kv(self, d: Demand, waiting: float) -> float:
         """The KV ``waiting`` requests would commit (prompt + clipped output each, at the
@@ -689,7 +687,7 @@ class CapacityModel:
         past = load.throughput_ratio
         if 1.0 < past < math.inf:
             return past
-        if not math.isfinite(load.concurrency) or load.n_tpot <= 0:
+        if load.n_tpot <= 0:
             return math.inf
         ctx = d.prompt + d.output / 2.0
         kv = load.concurrency * ctx / self.kv_capacity if self.kv_capacity > 0 else math.inf
@@ -922,9 +920,9 @@ class CapacityModel:
             queued = self.prefill_wait(peak, left.n_prefill, p_scale)
             donor = bound * self.decode_demand_ratio(peak, left.n_decode, queued)
             if observed_streams is not None:
-                streams = self.decode_stream_ratio(d, split.n_decode)
-                streams = decode_scale(streams, observed_streams)
-                donor = max(donor, streams * self.decode_stream_ratio(peak, left.n_decode))
+                modelled_streams = self.decode_stream_ratio(d, split.n_decode)
+                stream_scale = decode_scale(modelled_streams, observed_streams)
+                donor = max(donor, stream_scale * self.decode_stream_ratio(peak, left.n_decode))
             kept = self.prefill_wait(peak, split.n_prefill, p_scale)
             donor_tail = self.decode_miss(peak, left.n_decode, bound, queued) - self.decode_miss(
                 peak, split.n_decode, scale, kept
