@@ -495,14 +495,13 @@ class FluidRolePolicy:
         the peak (static 32.8 %, FluidPD 32.8 %; 50.9 % read so, switching at 184 s; 5P3D
         59.5 %)."""
         value = max(p.dpi_load_bar, p.dpi_adm_bar)
-        if prefill_saturated(p, self.cfg) and self.model is not None and demand is not None:
-            reserved = self.model.reserved_kv(demand, p.n_decode)
-            value = max(p.dpi_load_bar, min(p.dpi_adm_bar, p.dpi_load_bar + reserved))
-        elif p.decode_waiting > 0 and self.model is not None and demand is not None:
-            value = max(
-                value,
-                p.dpi_adm_bar + self.model.waiting_pressure(demand, p.decode_waiting, p.n_decode),
-            )
+        if self.model is not None and demand is not None:
+            if prefill_saturated(p, self.cfg):
+                reserved = self.model.reserved_kv(demand, p.n_decode)
+                value = max(p.dpi_load_bar, min(p.dpi_adm_bar, p.dpi_load_bar + reserved))
+            elif p.decode_waiting > 0:
+                waiting = self.model.waiting_pressure(demand, p.decode_waiting, p.n_decode)
+                value = max(value, p.dpi_adm_bar + waiting)
         oldest = max(now - DECODE_HISTORY_S, self._last_switch_end)
         for seen, reading in ((self._decode_seen, value), (self._streams_seen, p.dpi_load_bar)):
             seen.append((now, reading))

@@ -630,7 +630,7 @@ class CapacityModel:
         they queue for prefill (at most the TTFT budget's wait) and while their prefill runs."""
         if n_decode <= 0:
             return math.inf
-        return self.waiting_kv(d, d.rate / n_decode * (self.queue_budget(d) + d.prefill_s))
+        return self.waiting_kv(d, self.decode_load(d, n_decode, self.queue_budget(d)).reserved)
 
     def waiting_kv(self, d: Demand, waiting: float) -> float:
         """The KV ``waiting`` requests would commit (prompt + clipped output each, at the
@@ -662,31 +662,32 @@ class CapacityModel:
         """max(concurrency / N_TPOT, committed KV / capacity) for ``n_decode`` workers within
         capacity; past it, the tokens asked for over the tokens the pool delivers
         (``DecodeLoad.throughput_ratio``)."""
-        if d.rate <= 0:
-            return 0.0
-        if n_decode <= 0:
-            return math.inf
-        load = self.decode_load(d, n_decode, queued_s)
-        past = load.throughput_ratio
-        if 1.0 < past < math.inf:
-            return past
-        # Within capacity, or requests not yet decoding hold all of the KV (their wait is the
-        # prefill queue's): the streams and KV asked for.
-        return load.demand_ratio
+        return self._pool_ratio(d, n_decode, queued_s, streams_only=False)
 
     def decode_stream_ratio(self, d: Demand, n_decode: int) -> float:
         """What a decode worker's own streams hold, as eq. (7)'s DPI_load measures it:
         max(active KV / capacity, concurrency / N_TPOT), the streams' context at the mean
         prompt plus half the mean output, with no KV reserved for requests not yet decoding;
         past capacity, the throughput ratio (``DecodeLoad.throughput_ratio``)."""
+        return self._pool_ratio(d, n_decode, 0.0, streams_only=True)
+
+    def _pool_ratio(self, d: Demand, n_decode: int, queued_s: float, streams_only: bool) -> float:
+        """``decode_ratio`` (``streams_only`` False) or ``decode_stream_ratio``: the throughput
+        ratio past capacity, and within it the streams and KV asked for or the streams' own."""
         if d.rate <= 0:
             return 0.0
         if n_decode <= 0:
             return math.inf
-        load = replace(self.decode_load(d, n_decode), reserved=0.0)
+        load = self.decode_load(d, n_decode, queued_s)
+        if streams_only:
+            load = replace(load, reserved=0.0)
         past = load.throughput_ratio
         if 1.0 < past < math.inf:
             return past
+        if not streams_only:
+            # Within capacity, or requests not yet decoding hold all of the KV (their wait is
+            # the prefill queue's): the streams and KV asked for.
+            return load.demand_ratio
         if load.n_tpot <= 0:
             return math.inf
         ctx = d.prompt + d.output / 2.0
