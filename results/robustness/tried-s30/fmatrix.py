@@ -58,9 +58,20 @@ def rerun(job: tuple[dict[str, Any], int]) -> dict[str, Any]:
 def main() -> None:
     if len(sys.argv) != 4:
         sys.exit("usage: python fmatrix.py BASE.jsonl SEED OUT.jsonl")
-    seed = int(sys.argv[2])
-    with open(sys.argv[1]) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
+    try:
+        seed = int(sys.argv[2])
+    except ValueError:
+        sys.exit(f"SEED: an integer, not {sys.argv[2]!r}")
+    try:
+        with open(sys.argv[1]) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+    except (OSError, json.JSONDecodeError) as e:
+        sys.exit(f"BASE.jsonl: cannot read {sys.argv[1]}: {e}")
+    keys = ("workload", "model", "gpu", "slo", "workers", "fraction", "static", "oracle")
+    if any(
+        not isinstance(r, dict) or ("fluidpd" in r and any(k not in r for k in keys)) for r in rows
+    ):
+        sys.exit(f"BASE.jsonl: {sys.argv[1]} is not a robustness-matrix cells file")
     with ProcessPoolExecutor(2) as pool, open(sys.argv[3], "w") as out:
         for row in pool.map(rerun, [(r, seed) for r in rows], chunksize=4):
             out.write(json.dumps(row) + "\n")

@@ -49,12 +49,17 @@ def rerun(job: tuple[dict[str, Any], tuple[Any, ...]]) -> dict[str, Any]:
 def main() -> None:
     if len(sys.argv) != 4:
         sys.exit("usage: python fstress.py BASE.jsonl DRAW OUT.jsonl")
-    draw = int(sys.argv[2])
+    draw = int(sys.argv[2]) if sys.argv[2].isdigit() else -1
     if draw not in CELLS_PER_SEED:
         sys.exit(f"DRAW: one of {sorted(CELLS_PER_SEED)}")
-    with open(sys.argv[1]) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
+    try:
+        with open(sys.argv[1]) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+    except (OSError, json.JSONDecodeError) as e:
+        sys.exit(f"BASE.jsonl: cannot read {sys.argv[1]}: {e}")
     cells = {c[0]: c for c in stress.cells(CELLS_PER_SEED[draw], draw)}
+    if any(not isinstance(r, dict) or r.get("i") not in cells or "static" not in r for r in rows):
+        sys.exit(f"BASE.jsonl: {sys.argv[1]} is not stress.py's output for draw {draw}")
     with ProcessPoolExecutor(2) as pool, open(sys.argv[3], "w") as out:
         for row in pool.map(rerun, [(r, cells[r["i"]]) for r in rows], chunksize=2):
             out.write(json.dumps(row) + "\n")
