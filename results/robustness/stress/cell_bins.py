@@ -17,7 +17,7 @@ from fluidpd.sim.metrics import good_mask
 from fluidpd.sim.policies import MECHANISMS
 from fluidpd.sim.simulator import SimConfig, simulate
 
-CELLS_PER_SEED = {1: 200, **{s: 150 for s in range(2, 33)}}
+CELLS_PER_SEED = {1: 200, **{s: 150 for s in range(2, 39)}}
 
 
 def main() -> None:
