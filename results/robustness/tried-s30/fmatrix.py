@@ -26,10 +26,8 @@ from fluidpd.sim.policies import MECHANISMS
 from fluidpd.sim.simulator import simulate
 
 
-def rerun(job: tuple[dict[str, Any], int]) -> dict[str, Any]:
-    row, seed = job
-    if "skipped" in row or "fluidpd" not in row:
-        return row
+def run_fluidpd(row: dict[str, Any], seed: int) -> tuple[Any, Any]:
+    """FluidPD alone on the matrix cell ``row`` at ``seed``: the cell's setup and the result."""
     cell = rb.Cell(
         row["workload"],
         (row["model"], row["gpu"]),
@@ -39,7 +37,14 @@ def rerun(job: tuple[dict[str, Any], int]) -> dict[str, Any]:
     )
     setup = rb.setup_cell(cell, seed, rb.SIZES["full"])
     assert setup is not None
-    result = simulate(setup.workload, replace(setup.base, mechanisms=MECHANISMS["fluidpd"]))
+    return setup, simulate(setup.workload, replace(setup.base, mechanisms=MECHANISMS["fluidpd"]))
+
+
+def rerun(job: tuple[dict[str, Any], int]) -> dict[str, Any]:
+    row, seed = job
+    if "skipped" in row or "fluidpd" not in row:
+        return row
+    setup, result = run_fluidpd(row, seed)
     switches = [s.as_dict() for s in result.switches]
     out = dict(row)
     out["fluidpd"] = attainment(result.requests, setup.base.slo)
@@ -55,9 +60,11 @@ def rerun(job: tuple[dict[str, Any], int]) -> dict[str, Any]:
     return out
 
 
-def main() -> None:
+def read_base(script: str) -> tuple[list[dict[str, Any]], int, str]:
+    """``script BASE.jsonl SEED OUT.jsonl``'s rows, seed and output path, or a one-line error
+    and exit 1."""
     if len(sys.argv) != 4:
-        sys.exit("usage: python fmatrix.py BASE.jsonl SEED OUT.jsonl")
+        sys.exit(f"usage: python {script} BASE.jsonl SEED OUT.jsonl")
     try:
         seed = int(sys.argv[2])
     except ValueError:
@@ -72,7 +79,12 @@ def main() -> None:
         not isinstance(r, dict) or ("fluidpd" in r and any(k not in r for k in keys)) for r in rows
     ):
         sys.exit(f"BASE.jsonl: {sys.argv[1]} is not a robustness-matrix cells file")
-    with ProcessPoolExecutor(2) as pool, open(sys.argv[3], "w") as out:
+    return rows, seed, sys.argv[3]
+
+
+def main() -> None:
+    rows, seed, path = read_base("fmatrix.py")
+    with ProcessPoolExecutor(2) as pool, open(path, "w") as out:
         for row in pool.map(rerun, [(r, seed) for r in rows], chunksize=4):
             out.write(json.dumps(row) + "\n")
 

@@ -12,17 +12,19 @@ BASE's (checked on the three seeds of ``../streams-check/matrix-seed*.jsonl.xz``
 from __future__ import annotations
 
 import json
+import os
 import sys
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import replace
 from typing import Any
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tried-s30"))
+
+from fmatrix import read_base, run_fluidpd
 
 from fluidpd.core import fluidrole
 from fluidpd.core.fluidrole import FluidRoleConfig
 from fluidpd.sim import robustness as rb
 from fluidpd.sim.metrics import attainment
-from fluidpd.sim.policies import MECHANISMS
-from fluidpd.sim.simulator import simulate
 
 COMMITS: list[dict[str, Any]] = []
 _commit = fluidrole.FluidRolePolicy._commit
@@ -73,16 +75,7 @@ def rerun(job: tuple[dict[str, Any], int]) -> dict[str, Any] | None:
     if "skipped" in row or "fluidpd" not in row:
         return None
     COMMITS.clear()
-    cell = rb.Cell(
-        row["workload"],
-        (row["model"], row["gpu"]),
-        row["slo"],
-        int(row["workers"]),
-        float(row["fraction"]),
-    )
-    setup = rb.setup_cell(cell, seed, rb.SIZES["full"])
-    assert setup is not None
-    result = simulate(setup.workload, replace(setup.base, mechanisms=MECHANISMS["fluidpd"]))
+    setup, result = run_fluidpd(row, seed)
     switches = [s.as_dict() for s in result.switches]
     return {
         "cell": [row[k] for k in ("workload", "model", "gpu", "slo", "workers", "fraction")],
@@ -96,23 +89,8 @@ def rerun(job: tuple[dict[str, Any], int]) -> dict[str, Any] | None:
 
 
 def main() -> None:
-    if len(sys.argv) != 4:
-        sys.exit("usage: python lone_decode_commits.py BASE.jsonl SEED OUT.jsonl")
-    try:
-        seed = int(sys.argv[2])
-    except ValueError:
-        sys.exit(f"SEED: an integer, not {sys.argv[2]!r}")
-    try:
-        with open(sys.argv[1]) as f:
-            rows = [json.loads(line) for line in f if line.strip()]
-    except (OSError, json.JSONDecodeError) as e:
-        sys.exit(f"BASE.jsonl: cannot read {sys.argv[1]}: {e}")
-    keys = ("workload", "model", "gpu", "slo", "workers", "fraction", "static", "oracle")
-    if any(
-        not isinstance(r, dict) or ("fluidpd" in r and any(k not in r for k in keys)) for r in rows
-    ):
-        sys.exit(f"BASE.jsonl: {sys.argv[1]} is not a robustness-matrix cells file")
-    with ProcessPoolExecutor(2) as pool, open(sys.argv[3], "w") as out:
+    rows, seed, path = read_base("lone_decode_commits.py")
+    with ProcessPoolExecutor(2) as pool, open(path, "w") as out:
         for res in pool.map(rerun, [(r, seed) for r in rows], chunksize=4):
             if res is not None:
                 out.write(json.dumps(res) + "\n")
