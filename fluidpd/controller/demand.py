@@ -26,15 +26,25 @@ class ArrivalSource(Protocol):
     async def read(self) -> list[Arrival] | None: ...
 
 
+#: How long a read of one router's arrivals may take before the interval's demand counts as
+#: incomplete: the controller reads every control interval and must not fall behind it.
+READ_TIMEOUT_S = 1.0
+
+
 class DemandFeed:
     """Reads one router's arrivals after the cursor of its previous answer."""
 
     def __init__(
-        self, session: aiohttp.ClientSession, router: str, headers: dict[str, str] | None = None
+        self,
+        session: aiohttp.ClientSession,
+        router: str,
+        headers: dict[str, str] | None = None,
+        timeout_s: float = READ_TIMEOUT_S,
     ) -> None:
         self.session = session
         self.url = f"{router.rstrip('/')}/admin/arrivals"
         self.headers = headers or {}
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s, connect=timeout_s / 2)
         self.epoch: str | None = None
         self.cursor: int | None = None
         #: Arrivals received, and arrivals the router could not give (its log forgot them).
@@ -49,9 +59,8 @@ class DemandFeed:
         if self.cursor is not None and self.epoch is not None:
             params = {"after": str(self.cursor), "epoch": self.epoch}
         try:
-            timeout = aiohttp.ClientTimeout(total=1.0, connect=0.5)
             async with self.session.get(
-                self.url, params=params, headers=self.headers, timeout=timeout
+                self.url, params=params, headers=self.headers, timeout=self.timeout
             ) as resp:
                 if resp.status != 200:
                     log.warning("arrivals: the router answered HTTP %d", resp.status)
@@ -85,10 +94,12 @@ class RouterDemand:
         session: aiohttp.ClientSession,
         urls: Callable[[], Sequence[str]],
         headers: Callable[[], dict[str, str]],
+        timeout_s: float = READ_TIMEOUT_S,
     ) -> None:
         self.session = session
         self.urls = urls
         self.headers = headers
+        self.timeout_s = timeout_s
         self.feeds: dict[str, DemandFeed] = {}
         #: Arrivals read from the routers that answered while another did not: given with
         #: the next complete read, not lost (their routers' cursors have moved past them).
@@ -100,7 +111,10 @@ class RouterDemand:
         urls = list(self.urls())
         if not urls:
             return None
-        self.feeds = {u: self.feeds.get(u) or DemandFeed(self.session, u) for u in urls}
+        self.feeds = {
+            u: self.feeds.get(u) or DemandFeed(self.session, u, timeout_s=self.timeout_s)
+            for u in urls
+        }
         headers = self.headers()
         for feed in self.feeds.values():
             feed.headers = headers

@@ -137,6 +137,10 @@ def test_no_predictive_switch_while_the_router_gives_no_arrivals(profile: Profil
     assert feed.reads == 3 and not ctl.posted and not ctl.events
 
 
+#: A read timeout no local answer should reach, even on a loaded shared machine.
+SLOW_MACHINE_S = 30.0
+
+
 def _report(epoch: str, nxt: int, prompts: list[int], t: float) -> bytes:
     records = [ArrivalRecord(t=t - 1.0, prompt=p, output=4) for p in prompts]
     body = ArrivalsReport(epoch=epoch, t=t, next=nxt, dropped=0, arrivals=records)
@@ -171,7 +175,10 @@ def test_feed_reads_after_its_cursor_and_starts_over_with_a_new_router() -> None
         ])  # fmt: skip
         out = []
         async with aiohttp.ClientSession() as session:
-            feed = DemandFeed(session, f"http://127.0.0.1:{port}", {"Authorization": "Bearer t"})
+            # What is checked is the cursor, not the latency: a read that timed out on a busy
+            # machine (after the server took its answer) would shift every later one.
+            feed = DemandFeed(session, f"http://127.0.0.1:{port}", {"Authorization": "Bearer t"},
+                              timeout_s=SLOW_MACHINE_S)  # fmt: skip
             for _ in range(4):
                 out.append(await feed.read())
             assert (feed.epoch, feed.cursor, feed.received) == ("b", 1, 4)
@@ -187,6 +194,39 @@ def test_feed_reads_after_its_cursor_and_starts_over_with_a_new_router() -> None
     assert second is not None and restarted is not None
     assert [a.prompt for a in second + restarted] == [30, 40]
     assert abs(first[0].t - (time.time() - 1.0)) < 5.0
+
+
+def test_a_read_past_its_timeout_is_incomplete_and_keeps_the_cursor() -> None:
+    release = asyncio.Event()
+
+    async def arrivals(request: web.Request) -> web.Response:
+        if "after" not in request.query:
+            return web.Response(body=_report("a", 1, [10], time.time()),
+                                content_type="application/json")  # fmt: skip
+        await release.wait()  # answers only after the client has given up
+        return web.Response(body=_report("a", 2, [20], time.time()),
+                            content_type="application/json")  # fmt: skip
+
+    async def go() -> tuple[list[Arrival] | None, list[Arrival] | None]:
+        app = web.Application()
+        app.router.add_get("/admin/arrivals", arrivals)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        async with aiohttp.ClientSession() as session:
+            feed = DemandFeed(session, f"http://127.0.0.1:{port}", timeout_s=0.2)
+            first = await feed.read()
+            late = await feed.read()
+            release.set()
+            assert (feed.epoch, feed.cursor, feed.received) == ("a", 1, 1)
+        await runner.cleanup()
+        return first, late
+
+    first, late = asyncio.run(go())
+    assert first is not None and [a.prompt for a in first] == [10]
+    assert late is None
 
 
 def test_router_demand_merges_every_routers_arrivals_in_time_order() -> None:
@@ -228,7 +268,8 @@ def test_router_demand_merges_every_routers_arrivals_in_time_order() -> None:
         ready = list(urls)
         out = []
         async with aiohttp.ClientSession() as session:
-            demand = RouterDemand(session, lambda: ready, lambda: {"Authorization": "Bearer t"})
+            demand = RouterDemand(session, lambda: ready, lambda: {"Authorization": "Bearer t"},
+                                  timeout_s=SLOW_MACHINE_S)  # fmt: skip
             out.append(await demand.read())
             logs[1].append((1.0, 50))
             down.add(0)
