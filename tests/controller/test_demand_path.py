@@ -21,6 +21,7 @@ from fluidpd.core.profile import Profile
 from fluidpd.core.role_control import Arrival
 from fluidpd.core.types import SLO, DrainMode, Role
 from fluidpd.profiles import resolve_profile
+from tests.local_http import serve_routes
 
 SLO_ = SLO(2.0, 0.1)
 
@@ -137,6 +138,10 @@ def test_no_predictive_switch_while_the_router_gives_no_arrivals(profile: Profil
     assert feed.reads == 3 and not ctl.posted and not ctl.events
 
 
+async def _serve(arrivals: Any) -> tuple[web.AppRunner, str]:
+    return await serve_routes([web.get("/admin/arrivals", arrivals)])
+
+
 #: A read timeout no local answer should reach, even on a loaded shared machine.
 SLOW_MACHINE_S = 30.0
 
@@ -160,13 +165,7 @@ def test_feed_reads_after_its_cursor_and_starts_over_with_a_new_router() -> None
         return web.Response(body=answer, content_type="application/json")
 
     async def go() -> list[list[Arrival] | None]:
-        app = web.Application()
-        app.router.add_get("/admin/arrivals", arrivals)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        runner, url = await _serve(arrivals)
         # The router's clock runs 100 s ahead of ours: arrivals come back on ours.
         ahead = time.time() + 100.0
         answers.extend([
@@ -177,7 +176,7 @@ def test_feed_reads_after_its_cursor_and_starts_over_with_a_new_router() -> None
         async with aiohttp.ClientSession() as session:
             # What is checked is the cursor, not the latency: a read that timed out on a busy
             # machine (after the server took its answer) would shift every later one.
-            feed = DemandFeed(session, f"http://127.0.0.1:{port}", {"Authorization": "Bearer t"},
+            feed = DemandFeed(session, url, {"Authorization": "Bearer t"},
                               timeout_s=SLOW_MACHINE_S)  # fmt: skip
             for _ in range(4):
                 out.append(await feed.read())
@@ -208,15 +207,9 @@ def test_a_read_past_its_timeout_is_incomplete_and_keeps_the_cursor() -> None:
                             content_type="application/json")  # fmt: skip
 
     async def go() -> tuple[list[Arrival] | None, list[Arrival] | None]:
-        app = web.Application()
-        app.router.add_get("/admin/arrivals", arrivals)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        runner, url = await _serve(arrivals)
         async with aiohttp.ClientSession() as session:
-            feed = DemandFeed(session, f"http://127.0.0.1:{port}", timeout_s=0.2)
+            feed = DemandFeed(session, url, timeout_s=0.2)
             first = await feed.read()
             late = await feed.read()
             release.set()
@@ -253,15 +246,9 @@ def test_router_demand_merges_every_routers_arrivals_in_time_order() -> None:
     async def go() -> list[list[Arrival] | None]:
         runners, urls = [], []
         for idx in (0, 1):
-            app = web.Application()
-            app.router.add_get("/admin/arrivals", handler(idx))
-            runner = web.AppRunner(app)
-            await runner.setup()
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-            port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            runner, url = await _serve(handler(idx))
             runners.append(runner)
-            urls.append(f"http://127.0.0.1:{port}")
+            urls.append(url)
         # (seconds ago, prompt): interleaved in time across the two routers.
         logs[0] = [(5.0, 10), (3.0, 30)]
         logs[1] = [(4.0, 20), (2.0, 40)]

@@ -27,6 +27,7 @@ from fluidpd.profiles import resolve_profile
 from fluidpd_sidecar.peers import Peers
 from fluidpd_sidecar.sglang import fluidtoken_hook
 from fluidpd_sidecar.sglang.fluidtoken import DecodeSplits, PrefillPlanner
+from tests.local_http import serve_routes
 
 PROFILE = resolve_profile("llama-3.1-8b", "a100-80gb", None)
 SLO_ = SLO(ttft=2.0, tpot=0.1)
@@ -53,15 +54,9 @@ class Peer:
 
 
 async def _serve(peer: Peer) -> tuple[web.AppRunner, str]:
-    app = web.Application()
-    app.router.add_post("/v1/internal/suffix", peer.suffix)
-    app.router.add_post("/forget", peer.forget)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    return runner, f"http://127.0.0.1:{port}"
+    return await serve_routes(
+        [web.post("/v1/internal/suffix", peer.suffix), web.post("/forget", peer.forget)]
+    )
 
 
 def _half(rid: int, n: int, url: str) -> PrefillHalf:
