@@ -19,6 +19,8 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 from typing import Any
 
+from jsonl_rows import read_rows
+
 from fluidpd.core.fluidrole import FluidRoleConfig
 from fluidpd.sim import robustness as rb
 from fluidpd.sim.metrics import attainment
@@ -69,11 +71,7 @@ def read_base(script: str) -> tuple[list[dict[str, Any]], int, str]:
         seed = int(sys.argv[2])
     except ValueError:
         sys.exit(f"SEED: an integer, not {sys.argv[2]!r}")
-    try:
-        with open(sys.argv[1]) as f:
-            rows = [json.loads(line) for line in f if line.strip()]
-    except (OSError, json.JSONDecodeError) as e:
-        sys.exit(f"BASE.jsonl: cannot read {sys.argv[1]}: {e}")
+    rows = read_rows(sys.argv[1], "BASE.jsonl")
     keys = ("workload", "model", "gpu", "slo", "workers", "fraction", "static", "oracle")
     if any(
         not isinstance(r, dict) or ("fluidpd" in r and any(k not in r for k in keys)) for r in rows

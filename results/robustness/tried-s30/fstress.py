@@ -21,6 +21,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import stress
 from cell_bins import CELLS_PER_SEED
+from jsonl_rows import read_rows
 
 from fluidpd.core.fluidrole import FluidRoleConfig
 from fluidpd.sim.metrics import attainment
@@ -52,11 +53,7 @@ def main() -> None:
     draw = int(sys.argv[2]) if sys.argv[2].isdigit() else -1
     if draw not in CELLS_PER_SEED:
         sys.exit(f"DRAW: one of {sorted(CELLS_PER_SEED)}")
-    try:
-        with open(sys.argv[1]) as f:
-            rows = [json.loads(line) for line in f if line.strip()]
-    except (OSError, json.JSONDecodeError) as e:
-        sys.exit(f"BASE.jsonl: cannot read {sys.argv[1]}: {e}")
+    rows = read_rows(sys.argv[1], "BASE.jsonl")
     cells = {c[0]: c for c in stress.cells(CELLS_PER_SEED[draw], draw)}
     if any(not isinstance(r, dict) or r.get("i") not in cells or "static" not in r for r in rows):
         sys.exit(f"BASE.jsonl: {sys.argv[1]} is not stress.py's output for draw {draw}")

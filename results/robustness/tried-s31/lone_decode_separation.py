@@ -8,9 +8,13 @@ switches undone inside the reversal cooldown less the switches never undone it a
 
 from __future__ import annotations
 
-import json
+import os
 import sys
 from typing import Any
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tried-s30"))
+
+from jsonl_rows import read_rows
 
 COOLDOWN_S = 300.0
 READINGS = ("don", "tail", "gain", "arrivals", "gain_share", "at_rate", "dpi_adm")
@@ -19,11 +23,7 @@ READINGS = ("don", "tail", "gain", "arrivals", "gain_share", "at_rate", "dpi_adm
 def switches(paths: list[str]) -> list[dict[str, Any]]:
     out = []
     for path in paths:
-        try:
-            with open(path) as f:
-                rows = [json.loads(line) for line in f if line.strip()]
-        except (OSError, json.JSONDecodeError) as e:
-            sys.exit(f"COMMITS.jsonl: cannot read {path}: {e}")
+        rows = read_rows(path, "COMMITS.jsonl")
         if any(not isinstance(r, dict) or "commits" not in r for r in rows):
             sys.exit(f"COMMITS.jsonl: {path} is not lone_decode_commits.py's output")
         for r in rows:

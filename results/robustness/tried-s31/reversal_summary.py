@@ -7,9 +7,13 @@ cells meeting every bar, each bar's misses and the mean attainment, over the row
 
 from __future__ import annotations
 
-import json
+import os
 import sys
 from typing import Any
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tried-s30"))
+
+from jsonl_rows import read_rows
 
 NAMES = ("fluidpd_now", "held", "fluidtoken")
 BARS = ("static-1pp", "oracle-2pp", "half-gain", "reversal")
@@ -18,11 +22,7 @@ BARS = ("static-1pp", "oracle-2pp", "half-gain", "reversal")
 def load(paths: list[str]) -> list[dict[str, Any]]:
     rows = []
     for path in paths:
-        try:
-            with open(path) as f:
-                rows += [json.loads(line) for line in f if line.strip()]
-        except (OSError, json.JSONDecodeError) as e:
-            sys.exit(f"ROWS.jsonl: cannot read {path}: {e}")
+        rows += read_rows(path, "ROWS.jsonl")
     if not rows or any(not isinstance(r, dict) or any(n not in r for n in NAMES) for r in rows):
         sys.exit("ROWS.jsonl: not reversals.py's output")
     return rows
