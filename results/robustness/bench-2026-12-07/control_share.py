@@ -14,6 +14,8 @@ from typing import Any
 from fluidpd.cli.bench_cmd import bench_replay
 from fluidpd.profiles import resolve_profile
 from fluidpd.sim import simulator
+from fluidpd.sim.policies import MECHANISMS
+from fluidpd.sim.workloads import WorkloadError
 
 spent = [0.0]
 step = simulator.Simulator._control
@@ -31,10 +33,21 @@ def main() -> None:
     if len(sys.argv) < 4:
         sys.exit("usage: python control_share.py WORKLOAD RPS POLICY [POLICY ...]")
     simulator.Simulator._control = timed_control  # type: ignore[method-assign]
+    try:
+        rps = float(sys.argv[2])
+    except ValueError:
+        sys.exit(f"control_share.py: RPS: expected a number, got {sys.argv[2]!r}")
+    if unknown := [p for p in sys.argv[3:] if p not in MECHANISMS]:
+        sys.exit(
+            f"control_share.py: POLICY: unknown {unknown[0]!r}; one of {', '.join(MECHANISMS)}"
+        )
     profile = resolve_profile("llama-3.1-8b", "a100-80gb", None)
     for policy in sys.argv[3:]:
         spent[0] = 0.0
-        r = bench_replay(profile, sys.argv[1], float(sys.argv[2]), "4P4D", policy, 1, 30000)
+        try:
+            r = bench_replay(profile, sys.argv[1], rps, "4P4D", policy, 1, 30000)
+        except WorkloadError as e:
+            sys.exit(f"control_share.py: WORKLOAD: {e}")
         cpu = r["cpu_s_min"]
         share = 100 * spent[0] / cpu
         print(f"{policy}: {cpu:.2f} CPU-s, control step {spent[0]:.2f} ({share:.0f} %)")
