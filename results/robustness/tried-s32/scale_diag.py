@@ -28,6 +28,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tried-s30"))
 
 from fmatrix import run_fluidpd  # noqa: E402
+from jsonl_rows import read_rows  # noqa: E402
 
 from fluidpd.core import fluidrole  # noqa: E402
 
@@ -105,10 +106,8 @@ def run(out_path: str) -> None:
 
 def summary(path: str) -> None:
     groups: dict[tuple[str, bool], list[float]] = defaultdict(list)
-    with open(path) as f:
-        for line in f:
-            r = json.loads(line)
-            groups[(r["cell"][0], r["undone_within_cooldown"])].append(r["after"] / r["before"])
+    for r in read_rows(path, "OUT.jsonl"):
+        groups[(r["cell"][0], r["undone_within_cooldown"])].append(r["after"] / r["before"])
     print("workload, undone within the cooldown: switches; calibration after / before")
     for (workload, undone), v in sorted(groups.items()):
         v.sort()
