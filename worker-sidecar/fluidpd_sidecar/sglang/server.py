@@ -18,7 +18,7 @@ import re
 import signal
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -86,10 +86,19 @@ class SglangConfig:
         return not self.cpu and "--disable-overlap-schedule" not in self.extra_args
 
 
-def server_command(cfg: SglangConfig) -> list[str]:
-    """SGLang's own server flags, run through our launcher."""
+def server_command(cfg: SglangConfig, nccl_port: int | None = None) -> list[str]:
+    """SGLang's own server flags, run through our launcher.
+
+    ``nccl_port`` is torch.distributed's rendezvous port (``--nccl-port``; on CPU too, for
+    gloo). Without it SGLang draws one from the kernel's ephemeral range and binds it only
+    after spawning its scheduler, seconds later, when an outgoing connection may hold it (seen
+    in CI: a restart died with EADDRINUSE); ``SglangServer.start`` draws it with
+    ``free_ports`` at every start.
+    """
     argv = [cfg.python, "-m", "fluidpd_sidecar.sglang.launch"]
     argv += ["--model-path", str(cfg.model_dir), "--host", cfg.host, "--port", str(cfg.port)]
+    if nccl_port is not None and "--nccl-port" not in cfg.extra_args:
+        argv += ["--nccl-port", str(nccl_port)]
     # Token ids in, token ids out: the sidecar detokenizes (the model directory's tokenizer),
     # as with every other engine.
     argv += ["--skip-tokenizer-init", "--sampling-backend", "pytorch", "--grammar-backend", "none"]
@@ -254,9 +263,11 @@ class SglangServer:
         # The log is appended to across restarts: errors quote this start's part only.
         log_start = self._log_start = logf.tell()
         t0 = time.monotonic()
+        # Fresh at every start: a restart must not reuse a port its crashed run may hold.
+        nccl_port = free_ports(1, cfg.host, avoid={cfg.port, cfg.hook_port, cfg.bootstrap_port})[0]
         try:
             self.proc = await asyncio.create_subprocess_exec(
-                *server_command(cfg),
+                *server_command(cfg, nccl_port),
                 env=server_env(cfg, core=core_path(cfg.log_path.parent)),
                 stdout=logf,
                 stderr=asyncio.subprocess.STDOUT,
@@ -357,30 +368,36 @@ def _bound(host: str, port: int) -> socket.socket | None:
     return s
 
 
-def free_ports(n: int, host: str = "127.0.0.1") -> Sequence[int]:
+def free_ports(
+    n: int, host: str = "127.0.0.1", avoid: Collection[int | None] = ()
+) -> Sequence[int]:
     """``n`` distinct ports free right now (SGLang and its hook listen on them).
 
     They are drawn below the kernel's ephemeral range where there is one: SGLang's scheduler
     binds the hook's port only after loading the model, seconds later, and a port of the
     ephemeral range can meanwhile go to any outgoing connection (seen in CI: the hook's bind
     failed with EADDRINUSE and SGLang died starting). Without that range, the kernel picks.
+    ``avoid``: ports already promised to the same server, free now but bound later.
     """
     rng = random.Random()
     top = _ephemeral_start()
     socks: list[socket.socket] = []
+    held: list[socket.socket] = []
     try:
         for _ in range(100 * n if top > LISTEN_PORT_FLOOR + n else 0):
             if len(socks) == n:
                 break
-            s = _bound(host, rng.randrange(LISTEN_PORT_FLOOR, top))
+            port = rng.randrange(LISTEN_PORT_FLOOR, top)
+            s = None if port in avoid else _bound(host, port)
             if s is not None:
                 socks.append(s)
         while len(socks) < n:
             s = _bound(host, 0)
             if s is None:
                 raise OSError(f"no free port on {host}")
-            socks.append(s)
+            # Held (not closed) while drawing, so the kernel cannot hand it out again.
+            (held if s.getsockname()[1] in avoid else socks).append(s)
         return [s.getsockname()[1] for s in socks]
     finally:
-        for s in socks:
+        for s in socks + held:
             s.close()
