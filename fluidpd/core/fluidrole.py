@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -282,6 +283,21 @@ def recommend(p: PoolPressure, cfg: FluidRoleConfig) -> Recommendation:
     return Recommendation.NONE
 
 
+@dataclass(frozen=True, slots=True)
+class _Readings:
+    """What a switch's forecast reads (``FluidRolePolicy._readings``): the demand, the split,
+    the donor, and the observations that calibrate the model (``CapacityModel.forecast``)."""
+
+    demand: Demand
+    split: Split
+    source: Role
+    observed: float | None
+    ppi_bar: float
+    prefill_busy: float | None
+    filling: float | None
+    streams: float | None
+
+
 @dataclass(slots=True)
 class FluidRolePolicy:
     """Stateful FluidRole controller logic; the harness feeds it one observation per interval.
@@ -305,7 +321,9 @@ class FluidRolePolicy:
     _switching: str | None = None
     last_pressure: PoolPressure = PoolPressure(0.0, 0.0, 0.0)
     last_recommendation: Recommendation = Recommendation.NONE
-    last_forecast: Forecast | None = None
+    #: The forecast last asked for, or what it is computed from when it was not needed
+    #: (``last_forecast``).
+    _last_forecast: Forecast | _Readings | None = None
     _starts: deque[float] = field(default_factory=deque)
     #: When the switches in the budget's window finished: flapping is counted by when
     #: switches end, and a drain can outlast the next switch's.
@@ -409,9 +427,13 @@ class FluidRolePolicy:
             assert demand is not None
             if not demand.reliable:
                 return Recommendation.NONE
-            forecast = self._forecast(now, pressure, demand, source)
-            self.last_forecast = forecast
-            basis = self._worth(now, forecast, pressure, source, trade=gate is not _Gate.SAFE)
+            readings = self._readings(now, pressure, demand, source)
+            self._last_forecast = readings
+            if self._may_save(readings):
+                forecast = self._forecast_of(readings)
+                self._last_forecast = forecast
+                trade = gate is not _Gate.SAFE
+                basis = self._worth(now, forecast, pressure, source, trade=trade)
             if basis is None:
                 # The streak is kept: the forecast is asked again next interval while the
                 # recommendation persists, so that a switch does not depend on where the
@@ -433,11 +455,53 @@ class FluidRolePolicy:
             self._check, self._watch = _Check(source, rec, math.inf), None
         return decision or Recommendation.NONE
 
+    @property
+    def last_forecast(self) -> Forecast | None:
+        """The forecast of the switch last considered (None before any): computed when asked
+        where the policy itself did not need it (``CapacityModel.may_save`` failed)."""
+        if isinstance(self._last_forecast, _Readings):
+            self._last_forecast = self._forecast_of(self._last_forecast)
+        return self._last_forecast
+
     def _forecast(self, now: float, p: PoolPressure, demand: Demand, source: Role) -> Forecast:
         """The model's forecast of moving one ``source`` worker to the other role."""
+        return self._forecast_of(self._readings(now, p, demand, source))
+
+    def _forecast_of(self, r: _Readings) -> Forecast:
+        """The forecast of the switch ``r`` reads (``_forecast``)."""
         assert self.model is not None
-        split = Split(p.n_prefill, p.n_decode)
-        migrate = self.cfg.drain_mode is DrainMode.MIGRATE
+        return self.model.forecast(
+            r.demand,
+            r.split,
+            r.source,
+            self.cfg.horizon_s,
+            self.cfg.drain_mode is DrainMode.MIGRATE,
+            r.observed,
+            r.ppi_bar,
+            r.prefill_busy,
+            r.filling,
+            self.cfg.gain_margin,
+            r.streams,
+        )
+
+    def _may_save(self, r: _Readings) -> bool:
+        """``CapacityModel.may_save`` of the switch ``_forecast`` would forecast: without it no
+        forecast of that switch is worth taking (``_worth``), and it costs a fraction of one."""
+        assert self.model is not None
+        return self.model.may_save(
+            r.demand,
+            r.split,
+            r.source,
+            self.cfg.horizon_s,
+            r.observed,
+            r.ppi_bar,
+            r.prefill_busy,
+            r.filling,
+        )
+
+    def _readings(self, now: float, p: PoolPressure, demand: Demand, source: Role) -> _Readings:
+        """What the forecast of moving one ``source`` worker reads now."""
+        assert self.model is not None
         # The decode pool's pressure lags its demand (streams take a while to fill it), so it
         # calibrates the forecast only once the pool has had time to fill since the first
         # arrival (``fill_seconds``, or a whole demand window) and the last switch has settled.
@@ -451,17 +515,14 @@ class FluidRolePolicy:
         # The way back of a D->P switch is no receiver's bet (``_decode_observed``).
         receiving = source is Role.PREFILL and self._last_direction is not Recommendation.D_TO_P
         observed = self._decode_observed(now, demand.seen_s, receiving, filled_at)
-        return self.model.forecast(
+        return _Readings(
             demand,
-            split,
+            Split(p.n_prefill, p.n_decode),
             source,
-            self.cfg.horizon_s,
-            migrate,
             observed if settled else None,
             p.ppi_bar,
             p.prefill_busy,
             None if settled else observed,
-            self.cfg.gain_margin,
             self._streams_observed(now, demand.seen_s) if source is Role.DECODE else None,
         )
 
@@ -504,6 +565,10 @@ class FluidRolePolicy:
                 value = max(value, p.dpi_adm_bar + waiting)
         oldest = max(now - DECODE_HISTORY_S, self._last_switch_end)
         for seen, reading in ((self._decode_seen, value), (self._streams_seen, p.dpi_load_bar)):
+            # Kept in time order (``_spell`` reads from the newest end): readings stamped
+            # after ``now`` (a wall clock stepped back) go.
+            while seen and seen[-1][0] > now:
+                seen.pop()
             seen.append((now, reading))
             # ``seen`` may empty: a wall clock stepped back puts ``now`` before the last switch.
             while seen and seen[0][0] < oldest:
@@ -561,9 +626,11 @@ class FluidRolePolicy:
         ``filled_at``) or its mean since the pool last changed size within ``span_s``,
         whichever is higher (``_decode_observed``)."""
         since = max(now - span_s, self._last_switch_end)
-        kept = [(t, v) for t, v in seen if t >= since]
+        # From the newest end: ``seen`` is in time order and holds up to DECODE_HISTORY_S.
+        kept = list(itertools.takewhile(lambda item: item[0] >= since, reversed(seen)))
         if not kept:
             return None
+        kept.reverse()
         values = [v for _, v in kept]
         recent = values[-1:]
         if receiving:
@@ -596,7 +663,10 @@ class FluidRolePolicy:
         ):
             if pool <= keep or (source is Role.DECODE and not decode_may_give):
                 continue
-            f = self._forecast(now, p, demand, source)
+            readings = self._readings(now, p, demand, source)
+            if not self._may_save(readings):
+                continue
+            f = self._forecast_of(readings)
             if self._worth(now, f, p, source) is not None and f.net > best_net:
                 best, best_net = rec, f.net
         return best
@@ -739,8 +809,12 @@ class FluidRolePolicy:
         """Whether the forecast of moving a ``source`` worker back clearly wins."""
         if not demand.reliable:
             return False
-        forecast = self._forecast(now, p, demand, source)
-        self.last_forecast = forecast
+        readings = self._readings(now, p, demand, source)
+        self._last_forecast = readings
+        if not self._may_save(readings):
+            return False
+        forecast = self._forecast_of(readings)
+        self._last_forecast = forecast
         # An undo never trades one phase's overload for the other's: it must keep its donor
         # within capacity.
         return clearly_worth(forecast, self.cfg.gain_margin)

@@ -826,6 +826,64 @@ class CapacityModel:
         ctx = d.prompt + d.output / 2.0
         return 2.0 * d.output * self.decode.time(1, int(ctx)) + self.to_prefill_s
 
+    def calibration(
+        self,
+        d: Demand,
+        split: Split,
+        source: Role,
+        observed_decode: float | None = None,
+        observed_prefill: float | None = None,
+        observed_busy: float | None = None,
+        filling_decode: float | None = None,
+    ) -> tuple[float, float]:
+        """The decode and prefill scales (``decode_scale``, ``prefill_scale``) that the
+        observations put on the model of ``split`` (``forecast`` says how each is read)."""
+        p_scale = prefill_scale(
+            self.prefill_ratio(d, split.n_prefill),
+            observed_prefill,
+            observed_busy,
+            self.prefill_busy(d, split.n_prefill),
+        )
+        queued = self.prefill_wait(d, split.n_prefill, p_scale)
+        modelled = self.decode_ratio(d, split.n_decode, queued)
+        if observed_decode is not None:
+            scale = decode_scale(modelled, observed_decode)
+        elif source is Role.DECODE:
+            scale = max(1.0, decode_scale(modelled, filling_decode))
+        else:
+            scale = 1.0
+        return scale, p_scale
+
+    def may_save(
+        self,
+        d: Demand,
+        split: Split,
+        source: Role,
+        horizon_s: float,
+        observed_decode: float | None = None,
+        observed_prefill: float | None = None,
+        observed_busy: float | None = None,
+        filling_decode: float | None = None,
+    ) -> bool:
+        """Whether ``forecast``'s switch (the same arguments) may save a request: at the rate's
+        lower bound or at the window's rate, the split kept misses at least one request over
+        the horizon and the split after the switch misses fewer. ``worth_basis`` takes no
+        switch without this (``gain_clear``: a gain, and ``Forecast.saved`` at least 1, which
+        is at most ``loss_before * arrivals``), so a caller that only looks for a switch
+        worth taking may skip the forecast's other eight losses where it fails: the control
+        step of a replay asks for two forecasts a second, and most save nothing."""
+        scale, p_scale = self.calibration(
+            d, split, source, observed_decode, observed_prefill, observed_busy, filling_decode
+        )
+        after = split.after(source)
+        for at in (d.low, d):
+            kept = self.loss(at, split, scale, p_scale)
+            # The relative slack covers the rounding of ``Forecast.saved``'s own arithmetic.
+            misses = kept * at.rate * horizon_s * (1.0 + 1e-9) >= 1.0
+            if misses and self.loss(at, after, scale, p_scale) < kept:
+                return True
+        return False
+
     def forecast(
         self,
         d: Demand,
@@ -874,20 +932,9 @@ class CapacityModel:
         first) read the two decode workers left at 0.94 of capacity while the three observed
         ran at 1.5 times the model; 6P2D then missed nearly every request (11.1 % against
         static 36.8 %)."""
-        p_scale = prefill_scale(
-            self.prefill_ratio(d, split.n_prefill),
-            observed_prefill,
-            observed_busy,
-            self.prefill_busy(d, split.n_prefill),
+        scale, p_scale = self.calibration(
+            d, split, source, observed_decode, observed_prefill, observed_busy, filling_decode
         )
-        queued = self.prefill_wait(d, split.n_prefill, p_scale)
-        modelled = self.decode_ratio(d, split.n_decode, queued)
-        if observed_decode is not None:
-            scale = decode_scale(modelled, observed_decode)
-        elif source is Role.DECODE:
-            scale = max(1.0, decode_scale(modelled, filling_decode))
-        else:
-            scale = 1.0
         low = d.low
         before = self.bottleneck(low, split, scale, p_scale)
         after = self.bottleneck(low, split.after(source), scale, p_scale)

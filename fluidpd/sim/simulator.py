@@ -178,10 +178,14 @@ class Simulator:
         self._ticket: dict[str, int] = {}
         self.pairing: Pairing = self._make_pairing(cfg.pairing)
         # The policy also runs (disabled) under other mechanisms: its pool pressure feeds the
-        # time series and the autoscale baseline.
+        # time series and the autoscale baseline. There no switch follows from its forecast,
+        # so it is fed no arrivals and forecasts nothing (most of a replay's control step).
         # The same policy and demand glue as the live controller's (``RoleControl``).
         self.role_control = RoleControl.create(
-            replace(cfg.role_cfg, enabled=cfg.mechanisms.fluidrole), cfg.profile, cfg.slo
+            replace(cfg.role_cfg, enabled=cfg.mechanisms.fluidrole),
+            cfg.profile,
+            cfg.slo,
+            fed=cfg.mechanisms.fluidrole,
         )
         self.role_policy = self.role_control.policy
         self._drain_started: dict[str, float] = {}

@@ -121,6 +121,41 @@ def test_switch_taken_only_when_forecast_gain_beats_cost(
         assert _gain_beats_cost(decision.forecast)
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    rate=st.floats(0.1, 60.0),
+    prompt=st.floats(50.0, 16000.0),
+    output=st.floats(1.0, 2000.0),
+    samples=st.integers(10, 2000),
+    n_p=st.integers(1, 6),
+    n_d=st.integers(1, 6),
+    source=st.sampled_from(list(Role)),
+    observed=st.one_of(st.none(), st.floats(0.0, 3.0)),
+    filling=st.one_of(st.none(), st.floats(0.0, 3.0)),
+    ppi=st.floats(0.0, 5.0),
+    busy=st.one_of(st.none(), st.floats(0.0, 1.0)),
+    peak=st.floats(0.0, 3.0),
+)
+def test_a_switch_that_may_save_nothing_is_never_worth_taking(
+    rate: float, prompt: float, output: float, samples: int, n_p: int, n_d: int,
+    source: Role, observed: float | None, filling: float | None, ppi: float,
+    busy: float | None, peak: float,
+) -> None:  # fmt: skip
+    """``may_save`` is the necessary condition the policy checks before a proposal's whole
+    forecast: where it fails, no basis of ``worth_basis`` takes the forecast's switch."""
+    d = replace(demand(rate, prompt, output), samples=samples, peak_rate=peak * rate)
+    split = Split(n_p, n_d)
+    args = (d, split, source, CFG.horizon_s)
+    readings = (observed, ppi, busy, filling)
+    f = MODEL.forecast(*args, True, *readings, margin=CFG.gain_margin, observed_streams=observed)
+    if MODEL.may_save(*args, *readings):
+        return
+    for starved in (False, True):
+        for final in (False, True):
+            for share in (False, True):
+                assert worth_basis(f, CFG.gain_margin, starved, final, share) is None
+
+
 def _gain_beats_cost(f: Forecast) -> bool:
     """The forecast gain beats the cost at the rate's lower bound, or at the window's rate
     with nothing lost beyond the noise at the lower bound."""
@@ -1157,7 +1192,12 @@ def test_the_switch_policy_trades_only_for_a_starved_receiver() -> None:
     assert donor_starved(Role.PREFILL, starved, CFG)
 
     class Fixed(FluidRolePolicy):
-        def _forecast(self, now: float, p: PoolPressure, demand: Demand, source: Role) -> Forecast:
+        """Forecasts ``f`` for whatever it reads (and lets it be asked for)."""
+
+        def _may_save(self, r: object) -> bool:
+            return True
+
+        def _forecast_of(self, r: object) -> Forecast:
             return f
 
     assert isinstance(
