@@ -533,6 +533,14 @@ class DecodeLoad:
         return self.tokens_per_s * (self.per_request + self.a_0 / batch)
 
 
+def _occupancy_miss(load: DecodeLoad, scale: float) -> float:
+    """``CapacityModel.decode_miss`` of a decode worker's share ``load``."""
+    return max(
+        poisson_tail(scale * load.concurrency, load.n_tpot),
+        poisson_tail(scale * load.held, load.slots),
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class CapacityModel:
     """Per-phase load forecasts from one worker's profile (every worker is the same kind)."""
@@ -678,7 +686,10 @@ class CapacityModel:
             return 0.0
         if n_decode <= 0:
             return math.inf
-        load = self.decode_load(d, n_decode, queued_s)
+        return self._load_ratio(d, self.decode_load(d, n_decode, queued_s), streams_only)
+
+    def _load_ratio(self, d: Demand, load: DecodeLoad, streams_only: bool) -> float:
+        """``_pool_ratio`` of the decode worker's share ``load`` of ``d``."""
         if streams_only:
             load = replace(load, reserved=0.0)
         past = load.throughput_ratio
@@ -721,11 +732,7 @@ class CapacityModel:
             return 0.0
         if n_decode <= 0:
             return 1.0
-        load = self.decode_load(d, n_decode, queued_s)
-        return max(
-            poisson_tail(scale * load.concurrency, load.n_tpot),
-            poisson_tail(scale * load.held, load.slots),
-        )
+        return _occupancy_miss(self.decode_load(d, n_decode, queued_s), scale)
 
     def queue_miss(self, d: Demand, busy: float, n_prefill: int = 1) -> float:
         """Fraction of prompts that miss TTFT in the queue of one of ``n_prefill`` prefill
@@ -740,8 +747,20 @@ class CapacityModel:
         switch taken at 31 s on a forecast saving of 4.8 requests, with the prefill workers
         busy 39 % of the time; the decode pool it left saturated in the burst, -23 pp)."""
         times = d.prefill_quantiles or (d.prefill_s,)
+        if busy <= 0 or busy >= 1.0:
+            # Every prompt's ``prefill_miss`` is 0, or 1, whatever its budget.
+            return 0.0 if busy <= 0 else 1.0
         residual = self._residual(d, n_prefill)
-        return sum(prefill_miss(busy, self.slo.ttft - t, residual) for t in times) / len(times)
+        if residual <= 0:
+            misses = [1.0 if self.slo.ttft - t <= 0 else 0.0 for t in times]
+        else:
+            # ``prefill_miss`` per prompt, in its own order of operations (the same floats).
+            rate = -2.0 * (1.0 - busy)
+            misses = [
+                1.0 if b <= 0 else min(1.0, busy * math.exp(rate * b / residual))
+                for b in (self.slo.ttft - t for t in times)
+            ]
+        return sum(misses) / len(times)
 
     def loss(
         self, d: Demand, split: Split, decode_scale: float = 1.0, prefill_scale: float = 1.0
@@ -751,16 +770,21 @@ class CapacityModel:
         capacity) plus the share of demand the bottleneck phase cannot serve,
         ``unserved(B)``, which keeps ordering splits that are all past capacity."""
         busy = prefill_scale * self.prefill_busy(d, split.n_prefill)
-        miss = combined_miss(
-            self.queue_miss(d, busy, split.n_prefill),
-            self.decode_miss(
-                d,
-                split.n_decode,
-                decode_scale,
-                self.prefill_wait(d, split.n_prefill, prefill_scale),
-            ),
-        )
-        return miss + unserved(self.bottleneck(d, split, decode_scale, prefill_scale))
+        queued = self.prefill_wait(d, split.n_prefill, prefill_scale)
+        # ``decode_miss`` and ``decode_ratio`` of the same decode load, computed once.
+        if d.rate <= 0:
+            decode_miss, decode_ratio = 0.0, 0.0
+        elif split.n_decode <= 0:
+            decode_miss, decode_ratio = 1.0, math.inf
+        else:
+            load = self.decode_load(d, split.n_decode, queued)
+            decode_miss = _occupancy_miss(load, decode_scale)
+            decode_ratio = self._load_ratio(d, load, streams_only=False)
+        miss = combined_miss(self.queue_miss(d, busy, split.n_prefill), decode_miss)
+        prefill_ratio = prefill_scale * self.prefill_ratio(d, split.n_prefill)
+        # ``bottleneck``: the larger of ``phase_ratios``, prefill's first.
+        bottleneck = max(prefill_ratio, decode_scale * decode_ratio)
+        return miss + unserved(bottleneck)
 
     def bottleneck(
         self,
