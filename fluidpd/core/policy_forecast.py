@@ -1165,12 +1165,14 @@ class DemandWindow:
         spans = [self.bin_s * k / 3 for k in (1, 2, 3)]
         spans = [span for span in spans if span <= min(seen, self.window_s)]
         counts = [0] * len(spans)
+        starts = [now - span for span in spans]
         # Newest first, stopping at the longest span: no copy of the window per interval.
-        for t, *_ in reversed(self._items):
-            if not spans or t <= now - spans[-1]:
+        for item in reversed(self._items):
+            t = item[0]
+            if not starts or t <= starts[-1]:
                 break
-            for i, span in enumerate(spans):
-                counts[i] += t > now - span
+            for i, start in enumerate(starts):
+                counts[i] += t > start
         return max(
             ((n - math.sqrt(n)) / span for n, span in zip(counts, spans, strict=True)),
             default=0.0,
