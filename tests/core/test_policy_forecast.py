@@ -436,6 +436,20 @@ def test_late_prompts_behind_decode_admission_are_not_prefill_saturation() -> No
     assert prefill_saturated(PoolPressure(440.0, 0.66, 0.71, 4, 2), cfg)
 
 
+def test_a_wall_clock_stepped_back_drops_the_readings_stamped_after_it() -> None:
+    """The decode pool's history stays in time order (its spells are read from the newest
+    end): after the live controller's wall clock steps back, readings stamped later than the
+    new time are gone, and the history restarts from the new reading."""
+    policy = FluidRolePolicy(CFG, MODEL)
+    d = demand(4.0, 2000, 200)
+    for t in range(100, 106):
+        policy.observe(float(t), fleet(2, 2, 0.3, 0.9, 0.9), d)
+    assert policy._spell(policy._streams_seen, 105.0, 60.0) == pytest.approx(0.9)
+    policy.observe(50.0, fleet(2, 2, 0.3, 0.1, 0.1), d)
+    assert [t for t, _ in policy._streams_seen] == [50.0]
+    assert policy._spell(policy._streams_seen, 50.0, 60.0) == pytest.approx(0.1)
+
+
 def test_a_lull_does_not_calibrate_the_decode_model_down() -> None:
     # The decode pool ran at 0.4 for the whole window, then one interval found it idle (a
     # gap between clustered arrivals): the calibration reads the window's mean, not the 0.
