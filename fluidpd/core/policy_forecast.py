@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
@@ -449,13 +450,21 @@ def prefill_miss(busy: float, budget_s: float, residual_s: float) -> float:
     ``rho exp(-2 (1 - rho) t / R)``. It grows smoothly with the load well before the queue is
     unstable (at the headroom u_P* about a third of the prompts miss), which is what a
     split that is within capacity but misses deadlines needs to be judged by."""
+    return prefill_misses(busy, (budget_s,), residual_s)[0]
+
+
+def prefill_misses(busy: float, budgets_s: Iterable[float], residual_s: float) -> list[float]:
+    """``prefill_miss`` for each of ``budgets_s`` (a demand's prefill-time quantiles' budgets
+    in one call: the control step asks for thousands a minute)."""
+    budgets = list(budgets_s)
     if busy <= 0:
-        return 0.0
-    if busy >= 1.0 or budget_s <= 0:
-        return 1.0
+        return [0.0] * len(budgets)
+    if busy >= 1.0:
+        return [1.0] * len(budgets)
     if residual_s <= 0:
-        return 0.0
-    return min(1.0, busy * math.exp(-2.0 * (1.0 - busy) * budget_s / residual_s))
+        return [1.0 if b <= 0 else 0.0 for b in budgets]
+    rate = -2.0 * (1.0 - busy)
+    return [1.0 if b <= 0 else min(1.0, busy * math.exp(rate * b / residual_s)) for b in budgets]
 
 
 def poisson_tail(mean: float, limit: float) -> float:
@@ -747,20 +756,8 @@ class CapacityModel:
         switch taken at 31 s on a forecast saving of 4.8 requests, with the prefill workers
         busy 39 % of the time; the decode pool it left saturated in the burst, -23 pp)."""
         times = d.prefill_quantiles or (d.prefill_s,)
-        if busy <= 0 or busy >= 1.0:
-            # Every prompt's ``prefill_miss`` is 0, or 1, whatever its budget.
-            return 0.0 if busy <= 0 else 1.0
-        residual = self._residual(d, n_prefill)
-        if residual <= 0:
-            misses = [1.0 if self.slo.ttft - t <= 0 else 0.0 for t in times]
-        else:
-            # ``prefill_miss`` per prompt, in its own order of operations (the same floats).
-            rate = -2.0 * (1.0 - busy)
-            misses = [
-                1.0 if b <= 0 else min(1.0, busy * math.exp(rate * b / residual))
-                for b in (self.slo.ttft - t for t in times)
-            ]
-        return sum(misses) / len(times)
+        budgets = (self.slo.ttft - t for t in times)
+        return sum(prefill_misses(busy, budgets, self._residual(d, n_prefill))) / len(times)
 
     def loss(
         self, d: Demand, split: Split, decode_scale: float = 1.0, prefill_scale: float = 1.0
