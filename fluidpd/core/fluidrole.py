@@ -427,11 +427,8 @@ class FluidRolePolicy:
             assert demand is not None
             if not demand.reliable:
                 return Recommendation.NONE
-            readings = self._readings(now, pressure, demand, source)
-            self._last_forecast = readings
-            if self._may_save(readings):
-                forecast = self._forecast_of(readings)
-                self._last_forecast = forecast
+            forecast = self._considered(now, pressure, demand, source)
+            if forecast is not None:
                 trade = gate is not _Gate.SAFE
                 basis = self._worth(now, forecast, pressure, source, trade=trade)
             if basis is None:
@@ -460,15 +457,24 @@ class FluidRolePolicy:
         """The forecast of the switch last considered (None before any): computed when asked
         where the policy itself did not need it (``CapacityModel.may_save`` failed)."""
         if isinstance(self._last_forecast, _Readings):
-            self._last_forecast = self._forecast_of(self._last_forecast)
+            self._last_forecast = self._forecast(self._last_forecast)
         return self._last_forecast
 
-    def _forecast(self, now: float, p: PoolPressure, demand: Demand, source: Role) -> Forecast:
-        """The model's forecast of moving one ``source`` worker to the other role."""
-        return self._forecast_of(self._readings(now, p, demand, source))
+    def _considered(
+        self, now: float, p: PoolPressure, demand: Demand, source: Role
+    ) -> Forecast | None:
+        """The forecast of moving one ``source`` worker, kept as ``last_forecast``; None where
+        the switch may save no request (``_may_save``: then no forecast wins, and the one
+        ``last_forecast`` reports is computed only if read)."""
+        readings = self._readings(now, p, demand, source)
+        self._last_forecast = readings
+        if not self._may_save(readings):
+            return None
+        forecast = self._last_forecast = self._forecast(readings)
+        return forecast
 
-    def _forecast_of(self, r: _Readings) -> Forecast:
-        """The forecast of the switch ``r`` reads (``_forecast``)."""
+    def _forecast(self, r: _Readings) -> Forecast:
+        """The model's forecast of moving one ``r.source`` worker to the other role."""
         assert self.model is not None
         return self.model.forecast(
             r.demand,
@@ -666,7 +672,7 @@ class FluidRolePolicy:
             readings = self._readings(now, p, demand, source)
             if not self._may_save(readings):
                 continue
-            f = self._forecast_of(readings)
+            f = self._forecast(readings)
             if self._worth(now, f, p, source) is not None and f.net > best_net:
                 best, best_net = rec, f.net
         return best
@@ -809,15 +815,10 @@ class FluidRolePolicy:
         """Whether the forecast of moving a ``source`` worker back clearly wins."""
         if not demand.reliable:
             return False
-        readings = self._readings(now, p, demand, source)
-        self._last_forecast = readings
-        if not self._may_save(readings):
-            return False
-        forecast = self._forecast_of(readings)
-        self._last_forecast = forecast
+        forecast = self._considered(now, p, demand, source)
         # An undo never trades one phase's overload for the other's: it must keep its donor
         # within capacity.
-        return clearly_worth(forecast, self.cfg.gain_margin)
+        return forecast is not None and clearly_worth(forecast, self.cfg.gain_margin)
 
     def _worth(
         self, now: float, f: Forecast, p: PoolPressure, source: Role, trade: bool = True

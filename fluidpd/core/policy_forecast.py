@@ -542,6 +542,16 @@ class DecodeLoad:
         return self.tokens_per_s * (self.per_request + self.a_0 / batch)
 
 
+def _without_decode_load(d: Demand, n_decode: int) -> tuple[float, float] | None:
+    """(decode miss, decode ratio) where there is no decode load to model: (0, 0) with no
+    demand, (1, inf) with no decode worker; None otherwise."""
+    if d.rate <= 0:
+        return 0.0, 0.0
+    if n_decode <= 0:
+        return 1.0, math.inf
+    return None
+
+
 def _occupancy_miss(load: DecodeLoad, scale: float) -> float:
     """``CapacityModel.decode_miss`` of a decode worker's share ``load``."""
     return max(
@@ -691,10 +701,8 @@ class CapacityModel:
     def _pool_ratio(self, d: Demand, n_decode: int, queued_s: float, streams_only: bool) -> float:
         """``decode_ratio`` (``streams_only`` False) or ``decode_stream_ratio``: the throughput
         ratio past capacity, and within it the streams and KV asked for or the streams' own."""
-        if d.rate <= 0:
-            return 0.0
-        if n_decode <= 0:
-            return math.inf
+        if (edge := _without_decode_load(d, n_decode)) is not None:
+            return edge[1]
         return self._load_ratio(d, self.decode_load(d, n_decode, queued_s), streams_only)
 
     def _load_ratio(self, d: Demand, load: DecodeLoad, streams_only: bool) -> float:
@@ -726,10 +734,8 @@ class CapacityModel:
         says too little. Checked by its throughput ratio, 3P1D's one decode worker of long
         chats (8B/H200) read 1.14 at the peak against 2.6 here, a calibration of 0.84 took
         it under 1, and the switch left it saturated (61.4 % against 85.1 %)."""
-        if d.rate <= 0:
-            return 0.0
-        if n_decode <= 0:
-            return math.inf
+        if (edge := _without_decode_load(d, n_decode)) is not None:
+            return edge[1]
         return self.decode_load(d, n_decode, queued_s).demand_ratio
 
     def decode_miss(
@@ -737,10 +743,8 @@ class CapacityModel:
     ) -> float:
         """Fraction of time a decode worker's streams pass N_TPOT or its committed KV passes
         capacity (``poisson_tail``), with the calibration ``scale`` on the load."""
-        if d.rate <= 0:
-            return 0.0
-        if n_decode <= 0:
-            return 1.0
+        if (edge := _without_decode_load(d, n_decode)) is not None:
+            return edge[0]
         return _occupancy_miss(self.decode_load(d, n_decode, queued_s), scale)
 
     def queue_miss(self, d: Demand, busy: float, n_prefill: int = 1) -> float:
@@ -769,10 +773,9 @@ class CapacityModel:
         busy = prefill_scale * self.prefill_busy(d, split.n_prefill)
         queued = self.prefill_wait(d, split.n_prefill, prefill_scale)
         # ``decode_miss`` and ``decode_ratio`` of the same decode load, computed once.
-        if d.rate <= 0:
-            decode_miss, decode_ratio = 0.0, 0.0
-        elif split.n_decode <= 0:
-            decode_miss, decode_ratio = 1.0, math.inf
+        edge = _without_decode_load(d, split.n_decode)
+        if edge is not None:
+            decode_miss, decode_ratio = edge
         else:
             load = self.decode_load(d, split.n_decode, queued)
             decode_miss = _occupancy_miss(load, decode_scale)
@@ -1164,9 +1167,9 @@ class DemandWindow:
         counts = [0] * len(spans)
         starts = [now - span for span in spans]
         # Newest first, stopping at the longest span: no copy of the window per interval.
-        for item in reversed(self._items):
+        for item in reversed(self._items) if starts else ():
             t = item[0]
-            if not starts or t <= starts[-1]:
+            if t <= starts[-1]:
                 break
             for i, start in enumerate(starts):
                 counts[i] += t > start

@@ -418,7 +418,7 @@ def test_a_brief_kv_queue_does_not_read_a_pool_past_full() -> None:
         policy.observe(0.0, fleet(3, 1, 0.3, 0.5, 0.96, busy=0.4, waiting=waiting), d)
         p = policy.last_pressure
         assert p is not None
-        got = policy._forecast(0.0, p, d, Role.DECODE)
+        got = policy._forecast(policy._readings(0.0, p, d, Role.DECODE))
         assert repr(got) == repr(settled_forecast(d, Split(3, 1), Role.DECODE, observed, p))
 
 
@@ -512,7 +512,7 @@ def test_the_way_back_of_a_d_to_p_switch_reads_the_decode_pool_as_it_is() -> Non
             policy.observe(t0 + i, signals, d)
         p = policy.last_pressure
         assert p is not None
-        return policy._forecast(t0 + len(readings) - 1, p, d, Role.PREFILL)
+        return policy._forecast(policy._readings(t0 + len(readings) - 1, p, d, Role.PREFILL))
 
     switched, _ = _switched_from_2p4d()
     # Long generations after the switch (the model puts 3 decode workers at 0.26), so the
@@ -561,10 +561,10 @@ def test_a_filling_decode_pool_is_read_from_when_it_has_filled() -> None:
     def forecast(source: Role, observed: float) -> Forecast:
         return settled_forecast(d, Split(4, 2), source, observed, p)
 
-    receiver = policy._forecast(now, p, d, Role.PREFILL)
+    receiver = policy._forecast(policy._readings(now, p, d, Role.PREFILL))
     assert repr(receiver) == repr(forecast(Role.PREFILL, sum(kept) / len(kept)))
     assert receiver.before > forecast(Role.PREFILL, sum(window) / len(window)).before
-    donor = policy._forecast(now, p, d, Role.DECODE)
+    donor = policy._forecast(policy._readings(now, p, d, Role.DECODE))
     assert repr(donor) == repr(forecast(Role.DECODE, readings[-1]))
     assert repr(donor) != repr(forecast(Role.DECODE, sum(kept) / len(kept)))
 
@@ -996,7 +996,7 @@ def test_a_decode_donor_must_carry_its_own_streams() -> None:
     policy = FluidRolePolicy(CFG, TINY)
     signals = fleet(1, 3, 0.35, 0.5, 0.69, busy=0.96)
     assert not isinstance(policy.observe(0.0, signals, d), SwitchDecision)
-    f = policy._forecast(0.0, policy.last_pressure, d, Role.DECODE)  # type: ignore[arg-type]
+    f = policy._forecast(policy._readings(0.0, policy.last_pressure, d, Role.DECODE))
     assert repr(f) == repr(forecast(0.5))
 
 
@@ -1211,7 +1211,7 @@ def test_the_switch_policy_trades_only_for_a_starved_receiver() -> None:
         def _may_save(self, r: object) -> bool:
             return True
 
-        def _forecast_of(self, r: object) -> Forecast:
+        def _forecast(self, r: object) -> Forecast:
             return f
 
     assert isinstance(
